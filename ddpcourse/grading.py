@@ -1,0 +1,306 @@
+"""Grading: the one adapter to exercise code, the score keeper, and the grading commands.
+
+Which code is graded comes from two environment variables, read by `load_exercises`:
+
+    COURSE_IMPL=student     lessons/lessonN/exercises.py   (the stubs, or your edits)
+    COURSE_IMPL=solutions   solutions/lessonN/exercises.py (the reference)
+    COURSE_SUBMISSION=DIR   DIR/lessonN/exercises.py, or DIR/lessons/lessonN/exercises.py
+
+Commands (the Makefile's `grade` and `grade-class` call these):
+
+    python -m ddpcourse.grading grade [--lesson N] [--impl student|solutions] [--submission DIR]
+    python -m ddpcourse.grading class SUBMISSIONS_DIR [--lesson N] [--csv grades.csv]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+GRADING_TESTS = ROOT / "tests" / "grading"
+EXERCISE_MARKER = re.compile(r"^l\d+_\w+$")
+IMPLS = ("student", "solutions")
+
+
+# --- the adapter -------------------------------------------------------------------------
+
+def exercise_file(lesson: int) -> Path:
+    """The exercise file of `lesson` that COURSE_IMPL / COURSE_SUBMISSION point at."""
+    submission = os.environ.get("COURSE_SUBMISSION", "").strip()
+    if submission:
+        base = Path(submission).expanduser().resolve()
+        candidates = [base / f"lesson{lesson}" / "exercises.py",
+                      base / "lessons" / f"lesson{lesson}" / "exercises.py"]
+        for path in candidates:
+            if path.exists():
+                return path
+        raise FileNotFoundError(f"submission {base} has no lesson{lesson}/exercises.py")
+    impl = os.environ.get("COURSE_IMPL", "student").strip() or "student"
+    if impl not in IMPLS:
+        raise ValueError(f"COURSE_IMPL={impl!r}: use one of {', '.join(IMPLS)}")
+    folder = ROOT / ("lessons" if impl == "student" else "solutions")
+    path = folder / f"lesson{lesson}" / "exercises.py"
+    if not path.exists():
+        raise FileNotFoundError(f"{path} does not exist"
+                                + (" (this copy of the course has no solutions)"
+                                   if impl == "solutions" else ""))
+    return path
+
+
+def load_exercises(lesson: int):
+    """Import the exercise module of `lesson` from wherever the environment says."""
+    path = exercise_file(lesson)
+    name = f"graded_lesson{lesson}_exercises"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses and pickling look modules up by name
+    spec.loader.exec_module(module)
+    return module
+
+
+# --- the score keeper (a pytest plugin, registered by tests/grading/conftest.py) ----------
+
+def exercise_of(item) -> str:
+    names = [m.name for m in item.iter_markers() if EXERCISE_MARKER.match(m.name)]
+    if len(set(names)) != 1:
+        raise ValueError(f"{item.nodeid} must carry exactly one exercise marker, has {names}")
+    return names[0]
+
+
+def points_of(item) -> float:
+    marker = item.get_closest_marker("points")
+    if marker is None or not marker.args:
+        raise ValueError(f"{item.nodeid} has no points marker")
+    return float(marker.args[0])
+
+
+class ScoreKeeper:
+    """Records every grading test's outcome and writes results JSON after each one.
+
+    Writing as it goes means a submission that kills the grading process still leaves the
+    scores of the tests before it, and the name of the test that was running.
+    """
+
+    def __init__(self, results_path: Path | None):
+        self.path = results_path
+        self.tests: dict[str, dict] = {}
+        self.running: str | None = None
+
+    def pytest_collection_modifyitems(self, items):
+        for item in items:
+            if GRADING_TESTS not in Path(str(item.path)).parents:
+                continue
+            self.tests[item.nodeid] = {"exercise": exercise_of(item), "points": points_of(item),
+                                       "outcome": "not run"}
+        self._write(finished=False)
+
+    def pytest_runtest_logstart(self, nodeid, location):
+        self.running = nodeid
+        self._write(finished=False)
+
+    def pytest_runtest_logreport(self, report):
+        test = self.tests.get(report.nodeid)
+        if test is None:
+            return
+        if report.when == "call" or (report.when == "setup" and not report.passed):
+            test["outcome"] = "passed" if report.passed else (
+                "skipped" if report.skipped else "failed")
+        if report.when == "teardown":
+            self.running = None
+            self._write(finished=False)
+
+    def pytest_sessionfinish(self, session):
+        self._write(finished=True)
+
+    def pytest_terminal_summary(self, terminalreporter):
+        terminalreporter.write_line("")
+        for line in score_table(summarise(self.tests)).splitlines():
+            terminalreporter.write_line(line)
+
+    def _write(self, finished: bool) -> None:
+        if self.path is None:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        data = {"finished": finished, "running": self.running, "tests": self.tests,
+                "graded": str(exercise_source_label())}
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data, indent=1))
+        tmp.replace(self.path)
+
+
+def exercise_source_label() -> str:
+    return os.environ.get("COURSE_SUBMISSION") or os.environ.get("COURSE_IMPL", "student")
+
+
+def summarise(tests: dict[str, dict]) -> dict[str, dict]:
+    """Points earned and possible per exercise, in the order the tests were collected."""
+    scores: dict[str, dict] = {}
+    for test in tests.values():
+        s = scores.setdefault(test["exercise"], {"earned": 0.0, "possible": 0.0})
+        s["possible"] += test["points"]
+        if test["outcome"] == "passed":
+            s["earned"] += test["points"]
+    return scores
+
+
+def score_table(scores: dict[str, dict]) -> str:
+    from ddpcourse.report import format_table
+
+    rows = [{"exercise": name, "points": f"{s['earned']:g} / {s['possible']:g}"}
+            for name, s in scores.items()]
+    earned = sum(s["earned"] for s in scores.values())
+    possible = sum(s["possible"] for s in scores.values())
+    rows.append({"exercise": "TOTAL", "points": f"{earned:g} / {possible:g}"})
+    return format_table(rows)
+
+
+# --- the commands ------------------------------------------------------------------------
+
+def grading_targets(lesson: int | None) -> list[str]:
+    if lesson is None:
+        return [str(GRADING_TESTS)]
+    path = GRADING_TESTS / f"test_lesson{lesson}.py"
+    if not path.exists():
+        raise SystemExit(f"error: lesson {lesson} has no graded exercises ({path} is missing)")
+    return [str(path)]
+
+
+def run_grading(lesson: int | None, out_dir: Path, impl: str = "student",
+                submission: str | None = None, timeout: float = 900,
+                quiet: bool = False, max_crashes: int = 5) -> dict[str, dict]:
+    """Run the grading tests in a child pytest; returns the per-test records.
+
+    If the child dies (a submission that calls os._exit, say), the test that was running
+    scores zero and grading resumes after it, so one bad exercise never costs the others.
+    """
+    out_dir.mkdir(parents=True, exist_ok=True)
+    results = out_dir / "results.json"
+    env = dict(os.environ, COURSE_IMPL=impl, COURSE_RESULTS=str(results))
+    env.pop("COURSE_SUBMISSION", None)
+    if submission:
+        env["COURSE_SUBMISSION"] = str(Path(submission).resolve())
+    tests: dict[str, dict] = {}
+    deselect: list[str] = []
+    for _attempt in range(max_crashes + 1):
+        results.unlink(missing_ok=True)
+        cmd = [sys.executable, "-m", "pytest", *grading_targets(lesson), "-q", "-rN",
+               "--tb=short", "--no-header", f"--junitxml={out_dir / 'junit.xml'}",
+               "-p", "no:cacheprovider",
+               *[f"--deselect={d}" for d in deselect]]
+        try:
+            subprocess.run(cmd, cwd=ROOT, env=env, timeout=timeout,
+                           stdout=subprocess.DEVNULL if quiet else None)
+        except subprocess.TimeoutExpired:
+            pass
+        if not results.exists():
+            break
+        data = json.loads(results.read_text())
+        for nodeid, test in data["tests"].items():
+            if nodeid not in tests or test["outcome"] != "not run":
+                tests[nodeid] = test
+        if data["finished"] or not data.get("running"):
+            break
+        crashed = data["running"]
+        tests[crashed]["outcome"] = "crashed"
+        print(f"grading: {crashed} killed the grading process; it scores zero, "
+              "grading goes on", file=sys.stderr)
+        deselect = [n for n, t in tests.items() if t["outcome"] != "not run"]
+    results.write_text(json.dumps({"finished": True, "tests": tests,
+                                   "scores": summarise(tests)}, indent=1))
+    return tests
+
+
+def cmd_grade(args) -> int:
+    out = Path(args.out)
+    tests = run_grading(args.lesson, out, args.impl, args.submission, args.timeout)
+    if not tests:
+        print("error: no grading tests ran", file=sys.stderr)
+        return 1
+    print()
+    print(f"graded: {args.submission or args.impl}"
+          + (f", lesson {args.lesson}" if args.lesson else ", all lessons"))
+    print(score_table(summarise(tests)))
+    print(f"results: {out / 'results.json'}  junit: {out / 'junit.xml'}")
+    return 0
+
+
+def cmd_class(args) -> int:
+    base = Path(args.submissions)
+    if not base.is_dir():
+        print(f"error: {base} is not a folder of submissions", file=sys.stderr)
+        return 2
+    students = sorted(p for p in base.iterdir() if p.is_dir() and not p.name.startswith("."))
+    if not students:
+        print(f"error: {base} holds no submission folders", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    rows, exercises = [], []
+    for student in students:
+        started = time.perf_counter()
+        tests = run_grading(args.lesson, out / student.name, submission=str(student),
+                            timeout=args.timeout, quiet=True)
+        scores = summarise(tests)
+        for name in scores:
+            if name not in exercises:
+                exercises.append(name)
+        total = sum(s["earned"] for s in scores.values())
+        rows.append((student.name, scores, total))
+        print(f"{student.name}: {total:g} points ({time.perf_counter() - started:.0f} s)")
+    csv_path = Path(args.csv)
+    csv_path.parent.mkdir(parents=True, exist_ok=True)
+    with csv_path.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["student", *exercises, "total"])
+        for name, scores, total in rows:
+            writer.writerow([name, *(f"{scores.get(e, {}).get('earned', 0):g}"
+                                     for e in exercises), f"{total:g}"])
+    print(f"class results: {csv_path}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Grade the course's exercises.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    grade = sub.add_parser("grade", help="grade one copy of the exercises")
+    grade.add_argument("--impl", choices=IMPLS, default="student")
+    grade.add_argument("--submission", default=None, help="a student's folder to grade")
+    grade.add_argument("--out", default="build/grades")
+    grade.set_defaults(func=cmd_grade)
+    klass = sub.add_parser("class", help="grade every submission folder under a directory")
+    klass.add_argument("submissions")
+    klass.add_argument("--csv", default="build/grades/class.csv")
+    klass.add_argument("--out", default="build/grades/class")
+    klass.set_defaults(func=cmd_class)
+    for p in (grade, klass):
+        p.add_argument("--lesson", type=lesson_number, default=None)
+        p.add_argument("--timeout", type=float, default=900,
+                       help="seconds for one submission's whole grading run")
+    args = parser.parse_args(argv)
+    if getattr(args, "submission", None) == "":
+        args.submission = None
+    return args.func(args)
+
+
+def lesson_number(text: str) -> int | None:
+    if str(text).strip() == "":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"LESSON={text!r} is not a lesson number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"LESSON={value} is not a lesson number")
+    return value
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,325 @@
+"""Start a lesson script with torchrun: check the arguments, print the exact command, run it.
+
+`make lessonN NPROC=k NNODES=n` calls this. It only uses the standard library, so bad
+arguments are reported before the course environment is even built.
+
+One node:   torchrun --nnodes=1 --nproc-per-node=k --master-addr=127.0.0.1 --master-port=P script
+n nodes:    the same command n times with --node-rank=0..n-1, all on this machine, which is
+            how a multi-node job is simulated: each torchrun is one "node" agent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+MAX_NPROC = 64
+MAX_NNODES = 16
+
+
+class LaunchError(Exception):
+    """A problem with the launch request, reported as one line."""
+
+
+def positive_int(name: str, text: str, limit: int) -> int:
+    try:
+        value = int(str(text).strip())
+    except ValueError:
+        raise LaunchError(f"{name}={text!r} is not a whole number; use e.g. {name}=2") from None
+    if not 1 <= value <= limit:
+        raise LaunchError(f"{name}={value} is out of range; it must be between 1 and {limit}")
+    return value
+
+
+def free_port() -> int:
+    """A TCP port that nothing listens on right now (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def check_port_free(port: int) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            raise LaunchError(
+                f"port {port} is already in use on 127.0.0.1; pick another PORT or leave it "
+                "unset to get a free one"
+            ) from None
+
+
+def visible_gpu_count() -> int:
+    """GPUs this machine exposes, without importing torch (nvidia-smi if present)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and visible.strip() in ("", "-1"):
+        return 0
+    if shutil.which("nvidia-smi") is None:
+        return 0
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20
+        ).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    count = sum(1 for line in out.splitlines() if line.startswith("GPU "))
+    if visible:
+        count = min(count, len([d for d in visible.split(",") if d.strip()]))
+    return count
+
+
+def torchrun_commands(
+    script: str,
+    script_args: list[str],
+    nproc: int,
+    nnodes: int,
+    port: int,
+    torchrun: str = "torchrun",
+) -> list[list[str]]:
+    """One torchrun command per simulated node; node 0 hosts the rendezvous store."""
+    commands = []
+    for node_rank in range(nnodes):
+        cmd = [torchrun, f"--nnodes={nnodes}"]
+        if nnodes > 1:
+            cmd.append(f"--node-rank={node_rank}")
+        cmd += [
+            f"--nproc-per-node={nproc}",
+            "--master-addr=127.0.0.1",
+            f"--master-port={port}",
+            script,
+            *script_args,
+        ]
+        commands.append(cmd)
+    return commands
+
+
+def default_torchrun() -> str:
+    """The torchrun next to this Python (the course's .venv), else the one on PATH."""
+    beside = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    return beside if os.path.exists(beside) else "torchrun"
+
+
+def _kill(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    for p in procs:
+        p.wait()
+
+
+CPP_STACK_LINE = re.compile(r"frame #\d+: |<omitting python frames>|Exception raised from ")
+
+
+class AgentErrorFilter:
+    """Turns torchrun's own 'ChildFailedError' traceback into one line.
+
+    The failing worker has already printed its own message (or traceback) above; the agent's
+    30-line report after it says little more than which rank failed with which exit code.
+    Set COURSE_RAW_TORCHRUN=1 to see it unabridged.
+    """
+
+    def __init__(self, emit):
+        self.emit = emit
+        self.held: list[str] = []  # a Traceback whose origin we do not know yet
+        self.swallowing = False
+        self.failure: dict[str, str] = {}
+
+    def feed(self, line: str) -> None:
+        if self.swallowing:
+            for key in ("rank", "exitcode"):
+                m = re.match(rf"\s*{key}\s*:\s*(\S+)", line)
+                if m and key not in self.failure:
+                    self.failure[key] = m.group(1)
+            if line.startswith("=====") and self.failure.get("_opened"):
+                self.emit(f"error: the job failed: rank {self.failure.get('rank', '?')} exited "
+                          f"with code {self.failure.get('exitcode', '?')} first "
+                          "(its own message is above)\n")
+                self.swallowing, self.failure = False, {}
+            elif line.startswith("====="):
+                self.failure["_opened"] = "yes"
+            return
+        if self.held:
+            self.held.append(line)
+            if len(self.held) == 2:
+                if re.search(r"[/\\]torchrun\b|torch[/\\]distributed[/\\]run\.py", line):
+                    self.held, self.swallowing = [], True
+                else:
+                    for held in self.held:
+                        self.emit(held)
+                    self.held = []
+            return
+        if CPP_STACK_LINE.match(line):
+            return  # C++ frames of a store that lost its peer: noise after the real error
+        if line.startswith("Traceback (most recent call last)"):
+            self.held = [line]
+            return
+        self.emit(line)
+
+    def close(self) -> None:
+        for held in self.held:
+            self.emit(held)
+        self.held = []
+
+
+def _pump(stream, emit, filtered: bool) -> None:
+    flt = AgentErrorFilter(emit) if filtered else None
+    for line in iter(stream.readline, ""):
+        if flt:
+            flt.feed(line)
+        else:
+            emit(line)
+    if flt:
+        flt.close()
+    stream.close()
+
+
+def run_commands(
+    commands: list[list[str]],
+    timeout: float,
+    env: dict | None = None,
+    cwd: str | None = None,
+    capture: bool = False,
+) -> subprocess.CompletedProcess:
+    """Run the node agents together; kill them all if one fails or the time runs out.
+
+    Each agent gets its own process group so that killing it also kills its workers.
+    Returns a CompletedProcess whose returncode is the first non-zero one (124 on timeout),
+    with the output of all agents collected in stdout/stderr when capture=True.
+    """
+    filtered = os.environ.get("COURSE_RAW_TORCHRUN", "") in ("", "0")
+    procs, pumps = [], []
+    captured: dict[str, list[str]] = {"out": [], "err": []}
+
+    def sink(name: str, stream):
+        if capture:
+            return captured[name].append
+        return lambda text: (stream.write(text), stream.flush())
+
+    for cmd in commands:
+        p = subprocess.Popen(cmd, env=env, cwd=cwd, text=True, bufsize=1,
+                             stdout=subprocess.PIPE if capture else None,
+                             stderr=subprocess.PIPE, start_new_session=True)
+        procs.append(p)
+        streams = [(p.stderr, sink("err", sys.stderr), filtered)]
+        if capture:
+            streams.append((p.stdout, sink("out", sys.stdout), False))
+        for stream, emit, flt in streams:
+            t = threading.Thread(target=_pump, args=(stream, emit, flt), daemon=True)
+            t.start()
+            pumps.append(t)
+
+    deadline = time.monotonic() + timeout
+    returncode = 0
+    pending = list(procs)
+    try:
+        while pending:
+            if time.monotonic() > deadline:
+                _kill(procs)
+                returncode = 124
+                break
+            for p in list(pending):
+                rc = p.poll()
+                if rc is None:
+                    continue
+                pending.remove(p)
+                if rc != 0 and returncode == 0:
+                    returncode = rc
+                    _kill(pending)  # the other nodes would only wait for the dead one
+                    pending = []
+                    break
+            time.sleep(0.05)
+    except KeyboardInterrupt:
+        _kill(procs)
+        returncode = 130
+    for t in pumps:
+        t.join(timeout=5)
+    return subprocess.CompletedProcess(commands, returncode, "".join(captured["out"]),
+                                       "".join(captured["err"]))
+
+
+def launch(
+    script: str,
+    script_args: list[str] | None = None,
+    nproc: int = 2,
+    nnodes: int = 1,
+    port: int | None = None,
+    timeout: float = 600,
+    env: dict | None = None,
+    cwd: str | None = None,
+    capture: bool = False,
+    echo: bool = True,
+    torchrun: str | None = None,
+) -> subprocess.CompletedProcess:
+    """Check, print and run a torchrun job on this machine. Used by make and by the tests."""
+    if port is None:
+        port = free_port()
+    else:
+        check_port_free(port)
+    gpus = visible_gpu_count()
+    if gpus and nproc > gpus:
+        raise LaunchError(
+            f"NPROC={nproc} but this machine has {gpus} GPU(s): one process per GPU, so use "
+            f"NPROC<={gpus} (or CUDA_VISIBLE_DEVICES= to run on the CPU with gloo)"
+        )
+    commands = torchrun_commands(
+        script, script_args or [], nproc, nnodes, port, torchrun or default_torchrun()
+    )
+    env = dict(os.environ if env is None else env)
+    prefix = ""
+    if "OMP_NUM_THREADS" not in env:
+        # torchrun would pick 1 and print a warning; we share the cores out and say so.
+        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // (nproc * nnodes)))
+        prefix = f"OMP_NUM_THREADS={env['OMP_NUM_THREADS']} "
+    if echo:
+        for cmd in commands:
+            print("$ " + prefix + " ".join(cmd), flush=True)
+    result = run_commands(commands, timeout=timeout, env=env, cwd=cwd, capture=capture)
+    if result.returncode == 124:
+        message = f"error: the job did not finish within {timeout:g} s and was stopped"
+        print(message, file=sys.stderr, flush=True)
+        if capture:
+            result.stderr += message + "\n"
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nproc", default="2", help="processes per node (NPROC)")
+    parser.add_argument("--nnodes", default="1", help="simulated nodes on this machine (NNODES)")
+    parser.add_argument("--port", default="", help="rendezvous port (PORT); free one if empty")
+    parser.add_argument("--timeout", default="600", help="wall-clock limit in seconds")
+    parser.add_argument("--check", action="store_true", help="only check the arguments")
+    parser.add_argument("script", nargs="?")
+    parser.add_argument("script_args", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    try:
+        nproc = positive_int("NPROC", args.nproc, MAX_NPROC)
+        nnodes = positive_int("NNODES", args.nnodes, MAX_NNODES)
+        timeout = positive_int("TIMEOUT", args.timeout, 24 * 3600)
+        port = positive_int("PORT", args.port, 65535) if args.port.strip() else None
+        if args.check:
+            return 0
+        if not args.script:
+            raise LaunchError("no script given")
+        if not os.path.exists(args.script):
+            raise LaunchError(f"script {args.script} does not exist")
+        result = launch(args.script, args.script_args, nproc, nnodes, port, timeout)
+    except LaunchError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return result.returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main())

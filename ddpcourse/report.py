@@ -1,0 +1,27 @@
+"""Output a person can read: aligned tables and one-line summaries."""
+
+from __future__ import annotations
+
+
+def format_table(rows: list[dict]) -> str:
+    """Rows of equal keys as an aligned plain-text table with a header line."""
+    if not rows:
+        return "(empty)"
+    headers = list(rows[0])
+    cells = [[str(row[h]) for h in headers] for row in rows]
+    widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(headers)]
+    line = "  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True))
+    rule = "  ".join("-" * w for w in widths)
+    body = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+            for row in cells]
+    return "\n".join([line.rstrip(), rule, *body])
+
+
+def summary_line(**fields) -> str:
+    """`summary: key=value key=value ...`, the last line of every run."""
+    parts = []
+    for key, value in fields.items():
+        if isinstance(value, float):
+            value = f"{value:.4g}"
+        parts.append(f"{key}={value}")
+    return "summary: " + " ".join(parts)

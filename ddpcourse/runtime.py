@@ -1,0 +1,39 @@
+"""The machine-dependent choices every script makes the same way."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from ddpcourse.launch import free_port
+
+
+def pick_device(local_rank: int = 0):
+    """(device, backend) from the hardware: a GPU per process with nccl, else the CPU with gloo."""
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.device("cuda", local_rank), "nccl"
+    return torch.device("cpu"), "gloo"
+
+
+def world_of_one_unless_launched(how_to_launch: str) -> bool:
+    """Started without torchrun? Say how to launch properly, then fill in a world of one.
+
+    Returns True when the script was started by a launcher. torchrun sets RANK,
+    LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR and MASTER_PORT;
+    without them init_process_group("env://") would fail, so we provide a world of one.
+    """
+    if "RANK" in os.environ:
+        return True
+    print(
+        f"note: not started by torchrun, so this runs as a world of one process. "
+        f"To start several: {how_to_launch}",
+        file=sys.stderr,
+        flush=True,
+    )
+    defaults = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
+                "GROUP_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    for key, value in defaults.items():
+        os.environ.setdefault(key, value)
+    return False

@@ -1,0 +1,167 @@
+"""Grading tests for lesson 1. The expected tables are written out by hand from the reading."""
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from ddpcourse.grading import load_exercises
+from ddpcourse.launch import launch
+from ddpcourse.topology import Process
+
+WORKERS = Path(__file__).parent / "workers"
+
+
+@pytest.fixture(scope="module")
+def ex():
+    return load_exercises(1)
+
+
+# --- l1_global_rank -----------------------------------------------------------------------
+
+@pytest.mark.l1_global_rank
+@pytest.mark.points(2)
+def test_global_rank_two_nodes_of_four(ex):
+    # The reading's 2 nodes x 4 GPUs: node 1's processes are global ranks 4..7.
+    assert [ex.global_rank(0, g, 4) for g in range(4)] == [0, 1, 2, 3]
+    assert [ex.global_rank(1, g, 4) for g in range(4)] == [4, 5, 6, 7]
+    assert ex.global_rank(1, 1, 2) == 3
+    assert ex.global_rank(6, 2, 3) == 20
+
+
+@pytest.mark.l1_global_rank
+@pytest.mark.points(1)
+def test_global_rank_every_rank_once(ex):
+    for nodes, per_node in [(1, 1), (3, 3), (4, 2), (2, 5)]:
+        ranks = [ex.global_rank(n, g, per_node) for n in range(nodes) for g in range(per_node)]
+        assert ranks == list(range(nodes * per_node))
+
+
+@pytest.mark.l1_global_rank
+@pytest.mark.points(1)
+def test_global_rank_rejects_impossible_ranks(ex):
+    for args in [(0, 4, 4), (0, -1, 4), (-1, 0, 4), (0, 0, 0)]:
+        with pytest.raises(ValueError):
+            ex.global_rank(*args)
+
+
+# --- l1_rank_layout -----------------------------------------------------------------------
+
+ONE_GPU_EACH = [Process(r, r // 4, r % 4, (r % 4,)) for r in range(8)]
+TWO_GPUS_EACH = [
+    Process(0, 0, 0, (0, 1)), Process(1, 0, 1, (2, 3)),
+    Process(2, 1, 0, (0, 1)), Process(3, 1, 1, (2, 3)),
+]
+
+
+def as_tuples(processes):
+    return [(p.global_rank, p.node, p.local_rank, tuple(p.gpus)) for p in processes]
+
+
+@pytest.mark.l1_rank_layout
+@pytest.mark.points(2)
+def test_layout_one_gpu_per_process(ex):
+    assert as_tuples(ex.rank_layout(2, 4, 1)) == as_tuples(ONE_GPU_EACH)
+
+
+@pytest.mark.l1_rank_layout
+@pytest.mark.points(2)
+def test_layout_two_gpus_per_process(ex):
+    assert as_tuples(ex.rank_layout(2, 4, 2)) == as_tuples(TWO_GPUS_EACH)
+
+
+@pytest.mark.l1_rank_layout
+@pytest.mark.points(1)
+def test_layout_odd_shapes(ex):
+    layout = ex.rank_layout(3, 6, 3)  # 3 nodes x 2 processes of 3 GPUs
+    assert as_tuples(layout) == [
+        (0, 0, 0, (0, 1, 2)), (1, 0, 1, (3, 4, 5)),
+        (2, 1, 0, (0, 1, 2)), (3, 1, 1, (3, 4, 5)),
+        (4, 2, 0, (0, 1, 2)), (5, 2, 1, (3, 4, 5)),
+    ]
+    assert as_tuples(ex.rank_layout(1, 1)) == [(0, 0, 0, (0,))]
+    assert len(ex.rank_layout(5, 8, 8)) == 5  # one process spanning a whole node
+
+
+@pytest.mark.l1_rank_layout
+@pytest.mark.points(1)
+def test_layout_rejects_bad_shapes(ex):
+    for shape in [(2, 4, 3), (2, 3, 2), (0, 4, 1), (2, 0, 1), (2, 4, 0), (2, -4, 1), (2, 4, 5)]:
+        with pytest.raises(ValueError):
+            ex.rank_layout(*shape)
+
+
+# --- l1_node_groups -----------------------------------------------------------------------
+
+@pytest.mark.l1_node_groups
+@pytest.mark.points(2)
+def test_node_groups(ex):
+    assert ex.node_groups(2, 2) == [[0, 1], [2, 3]]
+    assert ex.node_groups(2, 4) == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert ex.node_groups(3, 1) == [[0], [1], [2]]
+    assert ex.node_groups(1, 3) == [[0, 1, 2]]
+
+
+@pytest.mark.l1_node_groups
+@pytest.mark.points(1)
+def test_node_groups_reject_bad_counts(ex):
+    for args in [(0, 2), (2, 0), (-1, 3)]:
+        with pytest.raises(ValueError):
+            ex.node_groups(*args)
+
+
+# --- l1_identity ----------------------------------------------------------------------------
+
+TORCHRUN_ENV = {"RANK": "5", "LOCAL_RANK": "1", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4",
+                "GROUP_RANK": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
+
+
+@pytest.mark.l1_identity
+@pytest.mark.points(1)
+def test_identity_from_torchrun_env(ex):
+    assert ex.identity_from_env(TORCHRUN_ENV) == {
+        "rank": 5, "local_rank": 1, "world_size": 8, "local_world_size": 4, "node_rank": 1}
+
+
+@pytest.mark.l1_identity
+@pytest.mark.points(1)
+def test_identity_node_rank_fallbacks(ex):
+    env = dict(TORCHRUN_ENV)
+    del env["GROUP_RANK"]
+    env["NODE_RANK"] = "1"
+    assert ex.identity_from_env(env)["node_rank"] == 1
+    del env["NODE_RANK"]
+    assert ex.identity_from_env(env)["node_rank"] == 1  # 5 // 4
+    one_node = {"RANK": "2", "LOCAL_RANK": "2", "WORLD_SIZE": "3"}
+    assert ex.identity_from_env(one_node) == {
+        "rank": 2, "local_rank": 2, "world_size": 3, "local_world_size": 3, "node_rank": 0}
+
+
+@pytest.mark.l1_identity
+@pytest.mark.points(1)
+def test_identity_without_launcher_is_a_clear_error(ex):
+    with pytest.raises(RuntimeError) as error:
+        ex.identity_from_env({"HOME": "/home/student"})
+    message = str(error.value)
+    assert "torchrun" in message
+    assert "RANK" in message
+    with pytest.raises(RuntimeError, match="WORLD_SIZE"):
+        ex.identity_from_env({"RANK": "0", "LOCAL_RANK": "0"})
+
+
+@pytest.mark.l1_identity
+@pytest.mark.points(3)
+@pytest.mark.timeout(150)
+def test_identity_and_node_groups_under_torchrun_two_nodes(ex):
+    """A simulated 2-node x 2-process job: every process checks itself against torch.distributed."""
+    ex.identity_from_env(TORCHRUN_ENV)  # fail fast, before paying for a launch
+    ex.node_groups(2, 2)
+    result = launch(str(WORKERS / "lesson1_identity.py"), nproc=2, nnodes=2, timeout=120,
+                    capture=True, echo=False)
+    output = result.stdout + result.stderr
+    if result.returncode != 0:
+        sys.stderr.write(output)
+    assert result.returncode == 0, output[-3000:]
+    assert "identity and node groups agree on all 4 ranks" in result.stdout
+    assert os.environ.get("RANK") is None  # the test process itself is no rank

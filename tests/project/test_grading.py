@@ -1,0 +1,151 @@
+"""The grader, both ways: full marks on the solutions, zero on the stubs, and robust to bad code."""
+
+import ast
+import csv
+import json
+import re
+import shutil
+import tomllib
+
+import pytest
+from util import PYTHON, ROOT, run
+
+from ddpcourse.grading import run_grading, summarise
+
+LESSONS = sorted(int(p.name[len("lesson"):]) for p in (ROOT / "lessons").glob("lesson*")
+                 if (p / "exercises.py").exists())
+
+
+def scores(tests):
+    return {name: (s["earned"], s["possible"]) for name, s in summarise(tests).items()}
+
+
+def registered_exercise_markers():
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    markers = config["tool"]["pytest"]["ini_options"]["markers"]
+    return {m.split(":")[0] for m in markers if re.match(r"l\d+_", m)}
+
+
+@pytest.mark.timeout(400)
+def test_solutions_get_full_marks_and_stubs_get_zero(tmp_path):
+    solutions = run_grading(None, tmp_path / "solutions", impl="solutions", quiet=True)
+    stubs = run_grading(None, tmp_path / "stubs", impl="student", quiet=True)
+    assert solutions and stubs
+    assert set(solutions) == set(stubs)
+    full = scores(solutions)
+    assert all(earned == possible > 0 for earned, possible in full.values()), full
+    assert all(earned == 0 for earned, _ in scores(stubs).values()), scores(stubs)
+    # Every registered exercise is graded, and every lesson with exercises has tests.
+    assert set(full) == registered_exercise_markers()
+    assert {int(re.match(r"l(\d+)_", name).group(1)) for name in full} == set(LESSONS)
+    junit = (tmp_path / "stubs" / "junit.xml").read_text()
+    assert junit.count("<testcase") == len(stubs)
+    saved = json.loads((tmp_path / "solutions" / "results.json").read_text())
+    assert saved["scores"] == summarise(solutions)
+
+
+@pytest.mark.parametrize("lesson", LESSONS)
+def test_every_stub_raises_not_implemented_and_solutions_define_them(lesson):
+    stub_tree = ast.parse((ROOT / "lessons" / f"lesson{lesson}" / "exercises.py").read_text())
+    stubs = [f for f in stub_tree.body if isinstance(f, ast.FunctionDef)
+             and not f.name.startswith("_")]
+    assert stubs
+    for func in stubs:
+        raised = [n for n in ast.walk(func) if isinstance(n, ast.Raise)]
+        assert any("NotImplementedError" in ast.unparse(r) for r in raised), func.name
+    solution_tree = ast.parse((ROOT / "solutions" / f"lesson{lesson}" / "exercises.py")
+                              .read_text())
+    solved = {f.name for f in solution_tree.body if isinstance(f, ast.FunctionDef)}
+    assert {f.name for f in stubs} <= solved
+
+
+BAD_SUBMISSION = '''
+import os, sys, time
+from solutions_copy import *  # noqa: the parts not tested below stay correct
+
+def rank_layout(nodes, gpus_per_node, gpus_per_process=1):
+    os._exit(3)               # kills the grading process outright
+
+def node_groups(nodes, procs_per_node):
+    while True:               # never returns
+        time.sleep(0.01)
+
+def identity_from_env(environ):
+    sys.exit("I give up")     # a polite exit
+'''
+
+
+@pytest.mark.timeout(240)
+def test_crashing_hanging_and_exiting_code_scores_zero_and_grading_finishes(tmp_path):
+    submission = tmp_path / "alice" / "lesson1"
+    submission.mkdir(parents=True)
+    shutil.copy(ROOT / "solutions" / "lesson1" / "exercises.py", submission / "solutions_copy.py")
+    (submission / "exercises.py").write_text(
+        "import sys, pathlib\nsys.path.insert(0, str(pathlib.Path(__file__).parent))\n"
+        + BAD_SUBMISSION)
+    result = run([PYTHON, "-m", "ddpcourse.grading", "grade", "--lesson", "1",
+                  "--submission", str(tmp_path / "alice"), "--out", str(tmp_path / "out")],
+                 env={"COURSE_TEST_TIMEOUT": "3"}, timeout=220)
+    assert result.returncode == 0, result.stderr[-2000:]
+    tests = json.loads((tmp_path / "out" / "results.json").read_text())["tests"]
+    got = scores(tests)
+    assert got["l1_global_rank"][0] == got["l1_global_rank"][1] > 0
+    assert got["l1_rank_layout"][0] == 0
+    assert got["l1_node_groups"][0] == 0
+    assert got["l1_identity"][0] == 0
+    assert "crashed" in {t["outcome"] for t in tests.values()}
+    assert "killed the grading process" in result.stderr
+    assert "TOTAL" in result.stdout
+
+
+@pytest.mark.timeout(120)
+def test_grading_a_class_writes_one_csv_row_per_student(tmp_path):
+    klass = tmp_path / "class"
+    for student in ("bob", "carol"):
+        shutil.copytree(ROOT / "lessons" / "lesson1", klass / student / "lesson1")
+    # carol solved the first exercise; bob handed in the untouched stubs
+    carol = klass / "carol" / "lesson1" / "exercises.py"
+    carol.write_text(carol.read_text().replace(
+        'raise NotImplementedError("l1_global_rank: compute the global rank")',
+        "if min(node_rank, local_rank) < 0 or not 0 <= local_rank < procs_per_node:\n"
+        "        raise ValueError('no such process')\n"
+        "    return node_rank * procs_per_node + local_rank"))
+    out_csv = tmp_path / "class.csv"
+    result = run([PYTHON, "-m", "ddpcourse.grading", "class", str(klass), "--lesson", "1",
+                  "--csv", str(out_csv), "--out", str(tmp_path / "runs")], timeout=110)
+    assert result.returncode == 0, result.stderr[-2000:]
+    rows = list(csv.DictReader(out_csv.open()))
+    assert [r["student"] for r in rows] == ["bob", "carol"]
+    assert rows[0]["total"] == "0"
+    assert float(rows[1]["l1_global_rank"]) > 0
+    assert rows[1]["total"] == rows[1]["l1_global_rank"]
+    assert rows[1]["l1_identity"] == "0"
+
+
+def test_bad_grading_requests_are_one_line_errors(tmp_path):
+    result = run([PYTHON, "-m", "ddpcourse.grading", "grade", "--lesson", "99"], timeout=30)
+    assert result.returncode != 0
+    assert result.stderr.strip().splitlines()[-1].startswith("error: lesson 99 has no graded")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    result = run([PYTHON, "-m", "ddpcourse.grading", "class", str(empty)], timeout=30)
+    assert result.returncode == 2
+    assert result.stderr.strip() == f"error: {empty} holds no submission folders"
+
+
+@pytest.mark.timeout(120)
+def test_student_release_has_no_solutions_and_its_grader_runs(tmp_path):
+    release = tmp_path / "release"
+    result = run(["make", "--no-print-directory", "student-release", f"RELEASE={release}"],
+                 timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert not (release / "solutions").exists()
+    assert (release / "lessons" / "lesson1" / "exercises.py").exists()
+    assert not list(release.rglob("*solution*.py"))
+    graded = run([PYTHON, "-m", "ddpcourse.grading", "grade", "--lesson", "1"], cwd=release,
+                 timeout=100)
+    assert graded.returncode == 0, graded.stderr[-2000:]
+    assert re.search(r"TOTAL\s+0 / \d+", graded.stdout)
+    asked = run([PYTHON, "-m", "ddpcourse.grading", "grade", "--lesson", "1", "--impl",
+                 "solutions"], cwd=release, timeout=100)
+    assert "has no solutions" in asked.stdout + asked.stderr

@@ -1,0 +1,120 @@
+"""Launching: bad input fails fast with one line; jobs never hang; ports never collide."""
+
+import socket
+import subprocess
+import time
+
+import pytest
+from util import PYTHON, ROOT, run
+
+from ddpcourse.launch import AgentErrorFilter, LaunchError, launch, torchrun_commands
+
+
+@pytest.mark.parametrize("args, message", [
+    (["NPROC=0"], "NPROC=0 is out of range"),
+    (["NPROC=-1"], "NPROC=-1 is out of range"),
+    (["NPROC=abc"], "NPROC='abc' is not a whole number"),
+    (["NNODES=0"], "NNODES=0 is out of range"),
+    (["PORT=99999"], "PORT=99999 is out of range"),
+])
+def test_bad_make_arguments_fail_before_anything_starts(args, message):
+    started = time.monotonic()
+    result = run(["make", "--no-print-directory", "lesson1", *args], timeout=60)
+    assert result.returncode != 0
+    error_lines = [line for line in result.stderr.splitlines() if not line.startswith("make")]
+    assert error_lines == [f"error: {message}" + error_lines[0].split(message, 1)[1]]
+    assert "torchrun" not in result.stdout  # nothing was launched
+    assert time.monotonic() - started < 10
+
+
+def test_port_in_use_is_a_clear_error():
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        with pytest.raises(LaunchError, match=f"port {port} is already in use"):
+            launch("scripts/lesson1_whoami.py", nproc=1, port=port, echo=False)
+        result = run([PYTHON, "-m", "ddpcourse.launch", "--port", str(port),
+                      "scripts/lesson1_whoami.py"], timeout=30)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"error: port {port} is already in use on 127.0.0.1; pick another PORT or leave it "
+        "unset to get a free one"]
+
+
+def test_simulated_nodes_get_one_command_each():
+    commands = torchrun_commands("s.py", ["--x"], nproc=2, nnodes=2, port=1234)
+    assert commands == [
+        ["torchrun", "--nnodes=2", "--node-rank=0", "--nproc-per-node=2",
+         "--master-addr=127.0.0.1", "--master-port=1234", "s.py", "--x"],
+        ["torchrun", "--nnodes=2", "--node-rank=1", "--nproc-per-node=2",
+         "--master-addr=127.0.0.1", "--master-port=1234", "s.py", "--x"],
+    ]
+
+
+def test_agent_traceback_becomes_one_line():
+    lines = []
+    f = AgentErrorFilter(lines.append)
+    worker = ["Traceback (most recent call last):\n", '  File "train.py", line 3\n',
+              "ValueError: bad\n"]
+    agent = ["Traceback (most recent call last):\n", '  File "/v/bin/torchrun", line 6\n',
+             "    sys.exit(main())\n", "ChildFailedError:\n", "=" * 20 + "\n", "train.py FAILED\n",
+             "Root Cause (first observed failure):\n", "  rank      : 3 (local_rank: 1)\n",
+             "  exitcode  : 2 (pid: 9)\n", "=" * 20 + "\n", "after\n"]
+    for line in worker + agent:
+        f.feed(line)
+    f.close()
+    assert lines == worker + [
+        "error: the job failed: rank 3 exited with code 2 first (its own message is above)\n",
+        "after\n"]
+
+
+def test_a_hanging_job_is_stopped_at_its_time_limit(tmp_path):
+    script = tmp_path / "hang.py"
+    script.write_text("import time\ntime.sleep(600)\n")
+    started = time.monotonic()
+    result = launch(str(script), nproc=2, timeout=8, capture=True, echo=False)
+    assert result.returncode == 124
+    assert "did not finish within 8 s" in result.stderr
+    assert time.monotonic() - started < 20
+    leftover = subprocess.run(["pgrep", "-f", str(script)], capture_output=True, text=True)
+    assert leftover.stdout.strip() == ""  # workers were killed with their agent
+
+
+@pytest.mark.timeout(240)
+def test_two_lesson1_jobs_at_once_odd_world_and_two_simulated_nodes():
+    """NPROC=3 on one node and NNODES=2 NPROC=2 run side by side without port clashes."""
+    jobs = {
+        "three": ["make", "--no-print-directory", "lesson1", "NPROC=3"],
+        "two_nodes": ["make", "--no-print-directory", "lesson1", "NNODES=2", "NPROC=2"],
+    }
+    procs = {name: subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True)
+             for name, cmd in jobs.items()}
+    outputs = {name: p.communicate(timeout=200) for name, p in procs.items()}
+    for name, p in procs.items():
+        assert p.returncode == 0, outputs[name]
+
+    def table(stdout):
+        rows = [line.split() for line in stdout.splitlines() if line[:1].isdigit()]
+        return [(int(r[0]), int(r[1]), int(r[2]), int(r[3]), int(r[4])) for r in rows]
+
+    three, _ = outputs["three"]
+    assert "$ OMP_NUM_THREADS=" in three and "--nproc-per-node=3" in three
+    assert table(three) == [(0, 0, 0, 3, 3), (1, 0, 1, 3, 3), (2, 0, 2, 3, 3)]
+    two, _ = outputs["two_nodes"]
+    assert "--node-rank=0" in two and "--node-rank=1" in two
+    assert table(two) == [(0, 0, 0, 4, 2), (1, 0, 1, 4, 2), (2, 1, 0, 4, 2), (3, 1, 1, 4, 2)]
+    assert "holds for all 4 processes" in two
+    assert "summary: world_size=4 nodes=2 backend=gloo" in two
+
+
+def test_whoami_without_torchrun_runs_as_a_world_of_one(tmp_path):
+    picture = tmp_path / "job.png"
+    result = run([PYTHON, "scripts/lesson1_whoami.py", "--picture", str(picture)], timeout=90)
+    assert result.returncode == 0, result.stderr
+    assert "not started by torchrun" in result.stderr
+    assert "make lesson1 NPROC=4" in result.stderr
+    rows = [line.split() for line in result.stdout.splitlines() if line[:1].isdigit()]
+    assert [r[:5] for r in rows] == [["0", "0", "0", "1", "1"]]
+    assert picture.stat().st_size > 5000
