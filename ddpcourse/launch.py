@@ -107,15 +107,50 @@ def default_torchrun() -> str:
     return beside if os.path.exists(beside) else "torchrun"
 
 
-def _kill(procs: list[subprocess.Popen]) -> None:
-    for p in procs:
-        if p.poll() is None:
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-    for p in procs:
-        p.wait()
+def _kill(procs: list[subprocess.Popen], grace: float = 5.0) -> None:
+    """Stop torchrun agents and their workers.
+
+    torchrun starts each worker in a session of its own, so killing an agent's process group
+    does not reach them. We ask the agents first (SIGTERM: they stop their workers), then
+    kill whatever is left, workers included.
+    """
+    alive = [p for p in procs if p.poll() is None]
+    if not alive:
+        return
+    try:
+        import psutil
+
+        workers = [c for p in alive for c in _children(psutil, p.pid)]
+    except ImportError:  # psutil is in requirements.txt; without it we rely on the agents
+        workers = []
+    for p in alive:
+        _signal_group(p.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    for p in alive:
+        try:
+            p.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            _signal_group(p.pid, signal.SIGKILL)
+            p.wait()
+    for w in workers:
+        try:
+            w.kill()
+        except Exception:  # already gone
+            pass
+
+
+def _children(psutil, pid: int) -> list:
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return []
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 CPP_STACK_LINE = re.compile(r"frame #\d+: |<omitting python frames>|Exception raised from ")
@@ -136,10 +171,18 @@ class AgentErrorFilter:
         self.failure: dict[str, str] = {}
 
     def feed(self, line: str) -> None:
+        if self.swallowing and re.match(r"[\w.]*(Error|Exception)\b", line) and (
+                "ChildFailedError" not in line):
+            # torchrun itself failed (a rendezvous problem, say): its last line says why.
+            self.emit(f"error: torchrun: {line.strip()}\n")
+            self.swallowing = False
+            return
         if self.swallowing:
+            if line.startswith("Root Cause"):
+                self.failure["_root"] = "yes"
             for key in ("rank", "exitcode"):
                 m = re.match(rf"\s*{key}\s*:\s*(\S+)", line)
-                if m and key not in self.failure:
+                if m and self.failure.get("_root") and key not in self.failure:
                     self.failure[key] = m.group(1)
             if line.startswith("=====") and self.failure.get("_opened"):
                 self.emit(f"error: the job failed: rank {self.failure.get('rank', '?')} exited "
@@ -172,9 +215,11 @@ class AgentErrorFilter:
         self.held = []
 
 
-def _pump(stream, emit, filtered: bool) -> None:
+def _pump(stream, emit, filtered: bool, stopping: threading.Event) -> None:
     flt = AgentErrorFilter(emit) if filtered else None
     for line in iter(stream.readline, ""):
+        if stopping.is_set() and filtered:
+            continue  # what agents say while we stop them is about being stopped
         if flt:
             flt.feed(line)
         else:
@@ -193,12 +238,12 @@ def run_commands(
 ) -> subprocess.CompletedProcess:
     """Run the node agents together; kill them all if one fails or the time runs out.
 
-    Each agent gets its own process group so that killing it also kills its workers.
+    Each agent starts in a session of its own, so stopping one never touches this process.
     Returns a CompletedProcess whose returncode is the first non-zero one (124 on timeout),
     with the output of all agents collected in stdout/stderr when capture=True.
     """
     filtered = os.environ.get("COURSE_RAW_TORCHRUN", "") in ("", "0")
-    procs, pumps = [], []
+    procs, pumps, stopping = [], [], []
     captured: dict[str, list[str]] = {"out": [], "err": []}
 
     def sink(name: str, stream):
@@ -211,11 +256,13 @@ def run_commands(
                              stdout=subprocess.PIPE if capture else None,
                              stderr=subprocess.PIPE, start_new_session=True)
         procs.append(p)
+        stopping.append(threading.Event())
         streams = [(p.stderr, sink("err", sys.stderr), filtered)]
         if capture:
             streams.append((p.stdout, sink("out", sys.stdout), False))
         for stream, emit, flt in streams:
-            t = threading.Thread(target=_pump, args=(stream, emit, flt), daemon=True)
+            t = threading.Thread(target=_pump, args=(stream, emit, flt, stopping[-1]),
+                                 daemon=True)
             t.start()
             pumps.append(t)
 
@@ -225,7 +272,6 @@ def run_commands(
     try:
         while pending:
             if time.monotonic() > deadline:
-                _kill(procs)
                 returncode = 124
                 break
             for p in list(pending):
@@ -233,15 +279,18 @@ def run_commands(
                 if rc is None:
                     continue
                 pending.remove(p)
-                if rc != 0 and returncode == 0:
+                if rc != 0:
                     returncode = rc
-                    _kill(pending)  # the other nodes would only wait for the dead one
-                    pending = []
+                    pending = []  # the other nodes would only wait for the dead one
                     break
             time.sleep(0.05)
     except KeyboardInterrupt:
-        _kill(procs)
         returncode = 130
+    finally:
+        for p, event in zip(procs, stopping, strict=True):
+            if p.poll() is None:
+                event.set()
+        _kill(procs)  # whatever stopped us (a test timeout, Ctrl-C), leave no workers behind
     for t in pumps:
         t.join(timeout=5)
     return subprocess.CompletedProcess(commands, returncode, "".join(captured["out"]),

@@ -59,6 +59,7 @@ def test_agent_traceback_becomes_one_line():
               "ValueError: bad\n"]
     agent = ["Traceback (most recent call last):\n", '  File "/v/bin/torchrun", line 6\n',
              "    sys.exit(main())\n", "ChildFailedError:\n", "=" * 20 + "\n", "train.py FAILED\n",
+             "Failures:\n", "  rank      : 1 (local_rank: 1)\n", "  exitcode  : 9 (pid: 8)\n",
              "Root Cause (first observed failure):\n", "  rank      : 3 (local_rank: 1)\n",
              "  exitcode  : 2 (pid: 9)\n", "=" * 20 + "\n", "after\n"]
     for line in worker + agent:
