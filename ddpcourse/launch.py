@@ -232,7 +232,7 @@ def _pump(stream, emit, filtered: bool, stopping: threading.Event) -> None:
 def run_commands(
     commands: list[list[str]],
     timeout: float,
-    env: dict | None = None,
+    envs: list[dict] | None = None,
     cwd: str | None = None,
     capture: bool = False,
 ) -> subprocess.CompletedProcess:
@@ -251,8 +251,8 @@ def run_commands(
             return captured[name].append
         return lambda text: (stream.write(text), stream.flush())
 
-    for cmd in commands:
-        p = subprocess.Popen(cmd, env=env, cwd=cwd, text=True, bufsize=1,
+    for i, cmd in enumerate(commands):
+        p = subprocess.Popen(cmd, env=envs[i] if envs else None, cwd=cwd, text=True, bufsize=1,
                              stdout=subprocess.PIPE if capture else None,
                              stderr=subprocess.PIPE, start_new_session=True)
         procs.append(p)
@@ -315,25 +315,35 @@ def launch(
         port = free_port()
     else:
         check_port_free(port)
+    env = dict(os.environ if env is None else env)
     gpus = visible_gpu_count()
-    if gpus and nproc > gpus:
+    if gpus and nproc * nnodes > gpus:
+        where = f"NPROC={nproc}" + (f" x NNODES={nnodes}" if nnodes > 1 else "")
         raise LaunchError(
-            f"NPROC={nproc} but this machine has {gpus} GPU(s): one process per GPU, so use "
-            f"NPROC<={gpus} (or CUDA_VISIBLE_DEVICES= to run on the CPU with gloo)"
+            f"{where} processes but this machine has {gpus} GPU(s): one process per GPU, so "
+            f"use at most {gpus} (or CUDA_VISIBLE_DEVICES= to run on the CPU with gloo)"
         )
     commands = torchrun_commands(
         script, script_args or [], nproc, nnodes, port, torchrun or default_torchrun()
     )
-    env = dict(os.environ if env is None else env)
-    prefix = ""
+    settings: dict[str, str] = {}
     if "OMP_NUM_THREADS" not in env:
         # torchrun would pick 1 and print a warning; we share the cores out and say so.
-        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // (nproc * nnodes)))
-        prefix = f"OMP_NUM_THREADS={env['OMP_NUM_THREADS']} "
+        settings["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // (nproc * nnodes)))
+    node_settings = [dict(settings) for _ in commands]
+    if gpus and nnodes > 1:
+        # Simulated nodes share one machine: give each its own GPUs, as real nodes would
+        # have, so that cuda:LOCAL_RANK on node 1 is not node 0's GPU too.
+        ids = [d.strip() for d in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+        ids = ids or [str(i) for i in range(gpus)]
+        for n, node in enumerate(node_settings):
+            node["CUDA_VISIBLE_DEVICES"] = ",".join(ids[n * nproc:(n + 1) * nproc])
+    envs = [dict(env, **node) for node in node_settings]
     if echo:
-        for cmd in commands:
+        for cmd, node in zip(commands, node_settings, strict=True):
+            prefix = "".join(f"{k}={v} " for k, v in node.items())
             print("$ " + prefix + " ".join(cmd), flush=True)
-    result = run_commands(commands, timeout=timeout, env=env, cwd=cwd, capture=capture)
+    result = run_commands(commands, timeout=timeout, envs=envs, cwd=cwd, capture=capture)
     if result.returncode == 124:
         message = f"error: the job did not finish within {timeout:g} s and was stopped"
         print(message, file=sys.stderr, flush=True)

@@ -119,3 +119,21 @@ def test_whoami_without_torchrun_runs_as_a_world_of_one(tmp_path):
     rows = [line.split() for line in result.stdout.splitlines() if line[:1].isdigit()]
     assert [r[:5] for r in rows] == [["0", "0", "0", "1", "1"]]
     assert picture.stat().st_size > 5000
+
+
+def test_simulated_nodes_on_a_gpu_machine_get_their_own_gpus(tmp_path, monkeypatch, capsys):
+    """Two simulated nodes x 2 processes on a 4-GPU box: node 0 sees GPUs 0,1 and node 1 2,3."""
+    import ddpcourse.launch as launcher
+
+    fake_torchrun = tmp_path / "torchrun"
+    fake_torchrun.write_text('#!/bin/sh\necho "$2 CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES"\n')
+    fake_torchrun.chmod(0o755)
+    monkeypatch.setattr(launcher, "visible_gpu_count", lambda: 4)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    result = launch("s.py", nproc=2, nnodes=2, timeout=30, capture=True,
+                    torchrun=str(fake_torchrun))
+    assert sorted(result.stdout.splitlines()) == [
+        "--node-rank=0 CUDA_VISIBLE_DEVICES=0,1", "--node-rank=1 CUDA_VISIBLE_DEVICES=2,3"]
+    assert "CUDA_VISIBLE_DEVICES=2,3 " in capsys.readouterr().out  # the echoed command says so
+    with pytest.raises(LaunchError, match="NPROC=3 x NNODES=2 processes but this machine has 4"):
+        launch("s.py", nproc=3, nnodes=2, torchrun=str(fake_torchrun))
