@@ -21,13 +21,13 @@ ARGS    := --nproc '$(NPROC)' --nnodes '$(NNODES)' --port '$(PORT)' --timeout '$
 CHECK   := $(PYTHON) -m ddpcourse.launch --check $(ARGS)
 LAUNCH  := $(VPY) -m ddpcourse.launch $(ARGS)
 
-.PHONY: help setup lesson1 test lint grade grade-class notebooks figures student-release clean
+.PHONY: help setup lesson1 lesson2 lesson3 check-ddp bench-ddp lesson4 lesson4-hang bench-allreduce bench test lint grade grade-class notebooks figures student-release clean
 
 help: ## list the targets
 	@echo "usage: make TARGET [NPROC=k] [NNODES=n] ..."
 	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 18
 
-$(VENV)/.installed: requirements.txt pyproject.toml
+$(VENV)/.installed: requirements.txt
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "error: Python 3.11 or newer is needed")'
 	@echo "setting up $(VENV) from requirements.txt (first time: about 3 minutes)"
 	$(PYTHON) -m venv $(VENV)
@@ -42,6 +42,51 @@ lesson1: ## nodes, ranks, world size: whoami on NPROC processes x NNODES simulat
 	@$(CHECK)
 	@$(MAKE) --no-print-directory setup
 	@$(LAUNCH) scripts/lesson1_whoami.py
+
+lesson2: ## one device, then DataParallel (one process, one thread per GPU): the same training
+	@$(CHECK)
+	@$(MAKE) --no-print-directory setup
+	@echo '$$ $(VPY) scripts/lesson2_single_device.py'
+	@$(VPY) scripts/lesson2_single_device.py
+	@echo '$$ $(VPY) scripts/lesson2_data_parallel.py'
+	@$(VPY) scripts/lesson2_data_parallel.py
+
+lesson3: ## DDP: the training on NPROC processes x NNODES nodes with torchrun, then with mp.spawn
+	@$(CHECK)
+	@$(MAKE) --no-print-directory setup
+	@$(LAUNCH) scripts/lesson3_ddp.py
+	@echo '$$ $(VPY) scripts/lesson3_ddp_spawn.py --nproc $(NPROC)'
+	@$(VPY) scripts/lesson3_ddp_spawn.py --nproc '$(NPROC)'
+
+check-ddp: ## DDP on NPROC processes reproduces one-process training (and BatchNorm does not)
+	@$(CHECK)
+	@$(MAKE) --no-print-directory setup
+	@$(LAUNCH) scripts/lesson3_check_equivalence.py
+
+bench-ddp: ## samples/s and wall time: one device vs DDP on 2 and 4 processes; start-up cost
+	@$(MAKE) --no-print-directory setup
+	@echo '$$ $(VPY) scripts/lesson3_benchmark.py'
+	@$(VPY) scripts/lesson3_benchmark.py
+
+lesson4: ## collectives and process groups: every collective, then groups, on NPROC x NNODES
+	@$(CHECK)
+	@$(MAKE) --no-print-directory setup
+	@$(LAUNCH) scripts/lesson4_collectives.py
+	@$(LAUNCH) scripts/lesson4_groups.py
+
+lesson4-hang: ## failure drill: only rank 0 calls all_reduce; a 5 s timeout ends it; then the fix
+	@$(CHECK)
+	@$(MAKE) --no-print-directory setup
+	@$(LAUNCH) scripts/lesson4_hang.py --timeout 5 || echo "(that failure was the drill)"
+	@$(LAUNCH) scripts/lesson4_hang.py --timeout 5 --detail || echo "(DETAIL names it at once)"
+	@$(LAUNCH) scripts/lesson4_hang.py --timeout 5 --fixed
+
+bench-allreduce: ## all-reduce time, algbw, busbw from 1 KB to 256 MB on 2 and 4 processes
+	@$(MAKE) --no-print-directory setup
+	@echo '$$ $(VPY) scripts/lesson4_allreduce_bench.py'
+	@$(VPY) scripts/lesson4_allreduce_bench.py
+
+bench: bench-ddp bench-allreduce ## every benchmark: DDP throughput, then all-reduce cost
 
 test: setup ## lint, then the whole test suite (solutions full marks, stubs zero, notebooks run)
 	$(VPY) -m ruff check .

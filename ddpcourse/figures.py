@@ -26,7 +26,13 @@ def lesson1_figures() -> dict:
     }
 
 
-FIGURES = {1: lesson1_figures}
+def lesson4_figures() -> dict:
+    from ddpcourse.collectives_draw import lesson_figures
+
+    return lesson_figures(world_size=4)  # every collective before/after, and the ring
+
+
+FIGURES = {1: lesson1_figures, 4: lesson4_figures}
 
 
 def write_figures(lessons: list[int] | None = None, out_root: Path | None = None) -> list[Path]:

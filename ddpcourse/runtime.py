@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import NoReturn
 
 from ddpcourse.launch import free_port
 
@@ -37,3 +38,17 @@ def world_of_one_unless_launched(how_to_launch: str) -> bool:
     for key, value in defaults.items():
         os.environ.setdefault(key, value)
     return False
+
+
+def fail(message: str) -> NoReturn:
+    """Stop with a one-line `error: ...` and exit status 1, instead of a traceback.
+
+    In a job with a process group only rank 0 prints the line (every rank exits 1), so a
+    problem that all ranks meet, such as a missing dataset, is reported once.
+    """
+    quiet = False
+    if "torch" in sys.modules:
+        import torch.distributed as dist
+
+        quiet = dist.is_available() and dist.is_initialized() and dist.get_rank() != 0
+    raise SystemExit(1 if quiet else f"error: {message}")

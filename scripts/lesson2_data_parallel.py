@@ -1,0 +1,137 @@
+"""Lesson 2, step 2: the same training with nn.DataParallel: one process, one thread per GPU.
+
+    make lesson2                                        # single device first, then this
+    python scripts/lesson2_data_parallel.py --epochs 8 --batch-size 256
+
+It is lesson2_single_device.py plus the DataParallel wrapper:
+    diff scripts/lesson2_single_device.py scripts/lesson2_data_parallel.py
+"""
+
+import argparse
+import os
+import time
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.data import DataLoader
+
+from ddpcourse.data import DATASETS, NUM_CLASSES, load_datasets
+from ddpcourse.models import create_model
+from ddpcourse.report import summary_line
+from ddpcourse.runtime import pick_device
+
+# The learning rate belongs to the GLOBAL batch: 0.1 for 256 samples per optimizer step.
+# Linear scaling rule: change the global batch by a factor k and scale the rate by k too.
+BASE_LR, BASE_BATCH = 0.1, 256
+
+
+def parse_args():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dataset", choices=DATASETS, default="digits")
+    parser.add_argument("--data-dir", default="data", help="where cifar10 looks for its files")
+    parser.add_argument("--image-size", type=int, default=None,
+                        help="image side in pixels (default: 16 for digits, 32 for cifar10)")
+    parser.add_argument("--model", default="test_resnet", help="a timm model name")
+    parser.add_argument("--pretrained", action="store_true",
+                        help="start from timm's pretrained weights (must be on this machine)")
+    parser.add_argument("--epochs", type=int, default=8, help="0 measures start-up alone")
+    parser.add_argument("--batch-size", type=int, default=256,
+                        help="the global batch: samples per optimizer step, all devices together")
+    parser.add_argument("--lr", type=float, default=None,
+                        help=f"learning rate for the global batch (default {BASE_LR} x "
+                             f"batch-size / {BASE_BATCH}: the linear scaling rule)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--checkpoint", default=f"runs/{Path(__file__).stem}.pt")
+    args = parser.parse_args()
+    if args.epochs < 0 or args.batch_size < 1:
+        parser.error("--epochs must be >= 0 and --batch-size >= 1")
+    return args
+
+
+@torch.no_grad()
+def evaluate(model, loader, device):
+    """[correct predictions, samples seen] over `loader`, as a tensor."""
+    model.eval()
+    correct = seen = 0
+    for images, labels in loader:
+        images, labels = images.to(device), labels.to(device)
+        correct += (model(images).argmax(1) == labels).sum().item()
+        seen += len(labels)
+    return torch.tensor([correct, seen], dtype=torch.float64, device=device)
+
+
+def main():
+    args = parse_args()
+    started = time.perf_counter()
+
+    device, _ = pick_device()  # the first GPU if there is one, else the CPU: the "home" device
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+
+    batch_size = args.batch_size  # one process takes the whole batch; DataParallel splits it
+
+    train_set, val_set = load_datasets(args.dataset, args.data_dir, args.image_size)
+    train_loader = DataLoader(train_set, batch_size=batch_size, shuffle=True,
+                              generator=torch.Generator().manual_seed(args.seed))
+    val_loader = DataLoader(val_set, batch_size=batch_size)
+
+    torch.manual_seed(args.seed)  # the same initial weights in every run
+    model = create_model(args.model, NUM_CLASSES[args.dataset], args.pretrained).to(device)
+    # Every step, DataParallel scatters the batch over the visible GPUs, copies the model onto
+    # each of them, runs the copies in parallel threads and gathers the outputs on the home
+    # device; backward sums the gradients there. Without a GPU it does nothing at all.
+    model = nn.DataParallel(model)
+    if model.device_ids:
+        print(f"DataParallel: 1 process, {len(model.device_ids)} GPU(s) {model.device_ids}, "
+              f"each step's batch of {batch_size} split over them")
+    else:
+        print("DataParallel: no GPU, so device_ids == [] and it passes each batch straight "
+              "to the model: this run is the single-device run")
+    lr = args.lr if args.lr is not None else BASE_LR * args.batch_size / BASE_BATCH
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, weight_decay=5e-4)
+
+    parameters = sum(p.numel() for p in model.parameters())
+    print(f"{args.model} ({parameters / 1e6:.2f} M parameters) on {args.dataset}: "
+          f"{len(train_set)} training and {len(val_set)} validation images, device {device}")
+    print(f"global batch {args.batch_size} = 1 process x {batch_size}, lr {lr:g}")
+
+    train_loss = val_acc = float("nan")
+    train_seconds = trained = 0
+    for epoch in range(args.epochs):
+        model.train()
+        tick = time.perf_counter()
+        loss_sum = correct = seen = 0
+        for images, labels in train_loader:
+            images, labels = images.to(device), labels.to(device)
+            logits = model(images)
+            loss = F.cross_entropy(logits, labels)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            loss_sum += loss.item() * len(labels)
+            correct += (logits.argmax(1) == labels).sum().item()
+            seen += len(labels)
+        stats = torch.tensor([loss_sum, correct, seen], dtype=torch.float64, device=device)
+        train_seconds += time.perf_counter() - tick
+        trained += int(stats[2])
+
+        counts = evaluate(model, val_loader, device)
+        train_loss, val_acc = (stats[0] / stats[2]).item(), (counts[0] / counts[1]).item()
+        print(f"epoch {epoch + 1}/{args.epochs}  loss {train_loss:.4f}  "
+              f"train acc {stats[1] / stats[2]:.3f}  val acc {val_acc:.3f} "
+              f"({int(counts[1])} images)  {time.perf_counter() - tick:.1f} s")
+
+    os.makedirs(os.path.dirname(args.checkpoint) or ".", exist_ok=True)
+    torch.save({"model": model.module.state_dict(), "args": vars(args)}, args.checkpoint)
+    print(f"checkpoint: {args.checkpoint}")
+    print(summary_line(world_size=1, batch_per_process=batch_size,
+                       global_batch=args.batch_size, epochs=args.epochs,
+                       train_loss=train_loss, val_acc=val_acc,
+                       samples_per_s=round(trained / max(train_seconds, 1e-9)),
+                       wall_s=round(time.perf_counter() - started, 2)))
+
+
+if __name__ == "__main__":
+    main()

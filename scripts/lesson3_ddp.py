@@ -1,0 +1,162 @@
+"""Lesson 3: the single-device training, one process per device, with DDP and torchrun.
+
+    make lesson3 NPROC=4                                # prints, then runs, this command:
+    torchrun --nproc-per-node=4 scripts/lesson3_ddp.py --epochs 8 --batch-size 256
+
+It is lesson2_single_device.py plus the lines that make it distributed:
+    diff scripts/lesson2_single_device.py scripts/lesson3_ddp.py
+"""
+
+import argparse
+import os
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, DistributedSampler, Subset
+
+from ddpcourse.data import DATASETS, NUM_CLASSES, load_datasets
+from ddpcourse.models import create_model
+from ddpcourse.report import summary_line
+from ddpcourse.runtime import pick_device, world_of_one_unless_launched
+
+# The learning rate belongs to the GLOBAL batch: 0.1 for 256 samples per optimizer step.
+# Linear scaling rule: change the global batch by a factor k and scale the rate by k too.
+BASE_LR, BASE_BATCH = 0.1, 256
+
+
+def parse_args():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dataset", choices=DATASETS, default="digits")
+    parser.add_argument("--data-dir", default="data", help="where cifar10 looks for its files")
+    parser.add_argument("--image-size", type=int, default=None,
+                        help="image side in pixels (default: 16 for digits, 32 for cifar10)")
+    parser.add_argument("--model", default="test_resnet", help="a timm model name")
+    parser.add_argument("--pretrained", action="store_true",
+                        help="start from timm's pretrained weights (must be on this machine)")
+    parser.add_argument("--epochs", type=int, default=8, help="0 measures start-up alone")
+    parser.add_argument("--batch-size", type=int, default=256,
+                        help="the global batch: samples per optimizer step, all devices together")
+    parser.add_argument("--lr", type=float, default=None,
+                        help=f"learning rate for the global batch (default {BASE_LR} x "
+                             f"batch-size / {BASE_BATCH}: the linear scaling rule)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--checkpoint", default=f"runs/{Path(__file__).stem}.pt")
+    parser.add_argument("--timeout", type=float, default=120,
+                        help="seconds a collective may wait for the other processes")
+    args = parser.parse_args()
+    if args.epochs < 0 or args.batch_size < 1:
+        parser.error("--epochs must be >= 0 and --batch-size >= 1")
+    return args
+
+
+@torch.no_grad()
+def evaluate(model, loader, device):
+    """[correct predictions, samples seen] over `loader`, as a tensor."""
+    model.eval()
+    correct = seen = 0
+    for images, labels in loader:
+        images, labels = images.to(device), labels.to(device)
+        correct += (model(images).argmax(1) == labels).sum().item()
+        seen += len(labels)
+    return torch.tensor([correct, seen], dtype=torch.float64, device=device)
+
+
+def main():
+    args = parse_args()
+    started = time.perf_counter()
+
+    world_of_one_unless_launched("make lesson3 NPROC=4  (or: torchrun --nproc-per-node=4 "
+                                 "scripts/lesson3_ddp.py)")
+    rank = int(os.environ["RANK"])              # this process, 0 .. world_size - 1
+    local_rank = int(os.environ["LOCAL_RANK"])  # its number on this node: picks the GPU
+    world_size = int(os.environ["WORLD_SIZE"])  # processes in the job
+
+    device, backend = pick_device(local_rank)  # cuda:LOCAL_RANK with nccl, else CPU with gloo
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend, timeout=timedelta(seconds=args.timeout))
+
+    # The global batch stays what it was on one device; each process takes an equal share.
+    if args.batch_size < world_size or args.batch_size % world_size:
+        sys.exit(f"error: the global batch {args.batch_size} does not split evenly over "
+                 f"{world_size} processes; use a multiple of {world_size}" if rank == 0 else 1)
+    batch_size = args.batch_size // world_size
+
+    train_set, val_set = load_datasets(args.dataset, args.data_dir, args.image_size)
+    # Each process reads its own 1/world_size of the shuffled training set (set_epoch below).
+    sampler = DistributedSampler(train_set, num_replicas=world_size, rank=rank, shuffle=True,
+                                 seed=args.seed)
+    train_loader = DataLoader(train_set, batch_size=batch_size, sampler=sampler)
+    # Validation: every world_size-th image from `rank` on, without the padding
+    # DistributedSampler adds, so that each image is counted exactly once.
+    val_loader = DataLoader(Subset(val_set, range(rank, len(val_set), world_size)),
+                            batch_size=batch_size)
+
+    torch.manual_seed(args.seed)  # the same initial weights in every run
+    model = create_model(args.model, NUM_CLASSES[args.dataset], args.pretrained).to(device)
+    # DDP copies rank 0's weights to every process, then averages the gradients over all
+    # processes during backward(): every optimizer step is the same on every rank.
+    model = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None)
+    lr = args.lr if args.lr is not None else BASE_LR * args.batch_size / BASE_BATCH
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, weight_decay=5e-4)
+
+    parameters = sum(p.numel() for p in model.parameters())
+    if rank == 0:  # rank 0 speaks for the job
+        print(f"{args.model} ({parameters / 1e6:.2f} M parameters) on {args.dataset}: "
+              f"{len(train_set)} training and {len(val_set)} validation images, "
+              f"{world_size} process(es) on {device.type} with {backend}")
+        print(f"global batch {args.batch_size} = {world_size} process(es) x {batch_size}, "
+              f"lr {lr:g}")
+
+    train_loss = val_acc = float("nan")
+    train_seconds = trained = 0
+    for epoch in range(args.epochs):
+        sampler.set_epoch(epoch)  # a new shuffle every epoch, the same one on every rank
+        model.train()
+        tick = time.perf_counter()
+        loss_sum = correct = seen = 0
+        for images, labels in train_loader:
+            images, labels = images.to(device), labels.to(device)
+            logits = model(images)
+            loss = F.cross_entropy(logits, labels)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            loss_sum += loss.item() * len(labels)
+            correct += (logits.argmax(1) == labels).sum().item()
+            seen += len(labels)
+        stats = torch.tensor([loss_sum, correct, seen], dtype=torch.float64, device=device)
+        dist.all_reduce(stats)  # sums over ranks: the loss and accuracy of the whole epoch
+        train_seconds += time.perf_counter() - tick
+        trained += int(stats[2])
+
+        # The plain model inside DDP: its forward does no collectives, so ranks may run
+        # different numbers of validation batches.
+        counts = evaluate(model.module, val_loader, device)
+        dist.all_reduce(counts)  # correct and seen, summed over the ranks' shards
+        train_loss, val_acc = (stats[0] / stats[2]).item(), (counts[0] / counts[1]).item()
+        if rank == 0:
+            print(f"epoch {epoch + 1}/{args.epochs}  loss {train_loss:.4f}  "
+                  f"train acc {stats[1] / stats[2]:.3f}  val acc {val_acc:.3f} "
+                  f"({int(counts[1])} images)  {time.perf_counter() - tick:.1f} s")
+
+    if rank == 0:  # one checkpoint, written once: every rank holds the same weights
+        os.makedirs(os.path.dirname(args.checkpoint) or ".", exist_ok=True)
+        torch.save({"model": model.module.state_dict(), "args": vars(args)}, args.checkpoint)
+        print(f"checkpoint: {args.checkpoint}")
+        print(summary_line(world_size=world_size, batch_per_process=batch_size,
+                           global_batch=args.batch_size, epochs=args.epochs,
+                           train_loss=train_loss, val_acc=val_acc,
+                           samples_per_s=round(trained / max(train_seconds, 1e-9)),
+                           wall_s=round(time.perf_counter() - started, 2)))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,188 @@
+"""Lesson 3: the same DDP training, its processes started by torch.multiprocessing.spawn.
+
+    make lesson3 NPROC=4                                # after the torchrun run, this one:
+    python scripts/lesson3_ddp_spawn.py --nproc 4
+
+It is lesson3_ddp.py with the launcher moved into the script:
+    diff scripts/lesson3_ddp.py scripts/lesson3_ddp_spawn.py
+
+Prefer torchrun. Here the script does the launcher's work itself: it picks the rendezvous
+address and a free port, hands each process its rank and shares the CPU cores out, all on
+this one machine. torchrun does that from outside, so the training code stays free of it,
+and does more: the same command starts a job on many nodes (--nnodes, --node-rank) and
+restarts failed workers (--max-restarts), and the script runs under other launchers too.
+"""
+
+import argparse
+import os
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, DistributedSampler, Subset
+
+from ddpcourse.data import DATASETS, NUM_CLASSES, load_datasets
+from ddpcourse.launch import free_port
+from ddpcourse.models import create_model
+from ddpcourse.report import summary_line
+from ddpcourse.runtime import pick_device
+
+# The learning rate belongs to the GLOBAL batch: 0.1 for 256 samples per optimizer step.
+# Linear scaling rule: change the global batch by a factor k and scale the rate by k too.
+BASE_LR, BASE_BATCH = 0.1, 256
+
+
+def parse_args():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dataset", choices=DATASETS, default="digits")
+    parser.add_argument("--data-dir", default="data", help="where cifar10 looks for its files")
+    parser.add_argument("--image-size", type=int, default=None,
+                        help="image side in pixels (default: 16 for digits, 32 for cifar10)")
+    parser.add_argument("--model", default="test_resnet", help="a timm model name")
+    parser.add_argument("--pretrained", action="store_true",
+                        help="start from timm's pretrained weights (must be on this machine)")
+    parser.add_argument("--epochs", type=int, default=8, help="0 measures start-up alone")
+    parser.add_argument("--batch-size", type=int, default=256,
+                        help="the global batch: samples per optimizer step, all devices together")
+    parser.add_argument("--lr", type=float, default=None,
+                        help=f"learning rate for the global batch (default {BASE_LR} x "
+                             f"batch-size / {BASE_BATCH}: the linear scaling rule)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--checkpoint", default=f"runs/{Path(__file__).stem}.pt")
+    parser.add_argument("--timeout", type=float, default=120,
+                        help="seconds a collective may wait for the other processes")
+    parser.add_argument("--nproc", type=int, default=2, help="processes to start")
+    args = parser.parse_args()
+    if args.epochs < 0 or args.batch_size < 1:
+        parser.error("--epochs must be >= 0 and --batch-size >= 1")
+    return args
+
+
+@torch.no_grad()
+def evaluate(model, loader, device):
+    """[correct predictions, samples seen] over `loader`, as a tensor."""
+    model.eval()
+    correct = seen = 0
+    for images, labels in loader:
+        images, labels = images.to(device), labels.to(device)
+        correct += (model(images).argmax(1) == labels).sum().item()
+        seen += len(labels)
+    return torch.tensor([correct, seen], dtype=torch.float64, device=device)
+
+
+def main(rank, world_size, args):  # mp.spawn calls this in every new process, rank first
+    started = time.perf_counter()
+
+    local_rank = rank  # all processes run on this one machine
+
+    device, backend = pick_device(local_rank)  # cuda:LOCAL_RANK with nccl, else CPU with gloo
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    # No torchrun environment here: rank and world size are passed in, the address and port
+    # come from the MASTER_ADDR and MASTER_PORT variables the parent process set.
+    dist.init_process_group(backend, rank=rank, world_size=world_size,
+                            timeout=timedelta(seconds=args.timeout))
+
+    # The global batch stays what it was on one device; each process takes an equal share.
+    if args.batch_size < world_size or args.batch_size % world_size:
+        sys.exit(f"error: the global batch {args.batch_size} does not split evenly over "
+                 f"{world_size} processes; use a multiple of {world_size}" if rank == 0 else 1)
+    batch_size = args.batch_size // world_size
+
+    train_set, val_set = load_datasets(args.dataset, args.data_dir, args.image_size)
+    # Each process reads its own 1/world_size of the shuffled training set (set_epoch below).
+    sampler = DistributedSampler(train_set, num_replicas=world_size, rank=rank, shuffle=True,
+                                 seed=args.seed)
+    train_loader = DataLoader(train_set, batch_size=batch_size, sampler=sampler)
+    # Validation: every world_size-th image from `rank` on, without the padding
+    # DistributedSampler adds, so that each image is counted exactly once.
+    val_loader = DataLoader(Subset(val_set, range(rank, len(val_set), world_size)),
+                            batch_size=batch_size)
+
+    torch.manual_seed(args.seed)  # the same initial weights in every run
+    model = create_model(args.model, NUM_CLASSES[args.dataset], args.pretrained).to(device)
+    # DDP copies rank 0's weights to every process, then averages the gradients over all
+    # processes during backward(): every optimizer step is the same on every rank.
+    model = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None)
+    lr = args.lr if args.lr is not None else BASE_LR * args.batch_size / BASE_BATCH
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, weight_decay=5e-4)
+
+    parameters = sum(p.numel() for p in model.parameters())
+    if rank == 0:  # rank 0 speaks for the job
+        print(f"{args.model} ({parameters / 1e6:.2f} M parameters) on {args.dataset}: "
+              f"{len(train_set)} training and {len(val_set)} validation images, "
+              f"{world_size} process(es) on {device.type} with {backend}")
+        print(f"global batch {args.batch_size} = {world_size} process(es) x {batch_size}, "
+              f"lr {lr:g}")
+
+    train_loss = val_acc = float("nan")
+    train_seconds = trained = 0
+    for epoch in range(args.epochs):
+        sampler.set_epoch(epoch)  # a new shuffle every epoch, the same one on every rank
+        model.train()
+        tick = time.perf_counter()
+        loss_sum = correct = seen = 0
+        for images, labels in train_loader:
+            images, labels = images.to(device), labels.to(device)
+            logits = model(images)
+            loss = F.cross_entropy(logits, labels)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            loss_sum += loss.item() * len(labels)
+            correct += (logits.argmax(1) == labels).sum().item()
+            seen += len(labels)
+        stats = torch.tensor([loss_sum, correct, seen], dtype=torch.float64, device=device)
+        dist.all_reduce(stats)  # sums over ranks: the loss and accuracy of the whole epoch
+        train_seconds += time.perf_counter() - tick
+        trained += int(stats[2])
+
+        # The plain model inside DDP: its forward does no collectives, so ranks may run
+        # different numbers of validation batches.
+        counts = evaluate(model.module, val_loader, device)
+        dist.all_reduce(counts)  # correct and seen, summed over the ranks' shards
+        train_loss, val_acc = (stats[0] / stats[2]).item(), (counts[0] / counts[1]).item()
+        if rank == 0:
+            print(f"epoch {epoch + 1}/{args.epochs}  loss {train_loss:.4f}  "
+                  f"train acc {stats[1] / stats[2]:.3f}  val acc {val_acc:.3f} "
+                  f"({int(counts[1])} images)  {time.perf_counter() - tick:.1f} s")
+
+    if rank == 0:  # one checkpoint, written once: every rank holds the same weights
+        os.makedirs(os.path.dirname(args.checkpoint) or ".", exist_ok=True)
+        torch.save({"model": model.module.state_dict(), "args": vars(args)}, args.checkpoint)
+        print(f"checkpoint: {args.checkpoint}")
+        print(summary_line(world_size=world_size, batch_per_process=batch_size,
+                           global_batch=args.batch_size, epochs=args.epochs,
+                           train_loss=train_loss, val_acc=val_acc,
+                           samples_per_s=round(trained / max(train_seconds, 1e-9)),
+                           wall_s=round(time.perf_counter() - started, 2)))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    args = parse_args()
+    if args.nproc < 1:
+        sys.exit("error: --nproc must be at least 1")
+    if torch.cuda.is_available() and args.nproc > torch.cuda.device_count():
+        sys.exit(f"error: --nproc {args.nproc} but this machine has "
+                 f"{torch.cuda.device_count()} GPU(s); start one process per GPU")
+    if args.batch_size < args.nproc or args.batch_size % args.nproc:  # say it once, up front
+        sys.exit(f"error: the global batch {args.batch_size} does not split evenly over "
+                 f"{args.nproc} processes; use a multiple of {args.nproc}")
+    # What torchrun would have done: a rendezvous address and a free port for the processes
+    # to meet on, and a fair share of the CPU cores for each of them.
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(free_port())
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // args.nproc)))
+    # Start nproc fresh Python processes that import this file and call main(rank, ...).
+    # "spawn" cannot use functions defined in a notebook cell, and all arguments are pickled.
+    try:
+        mp.spawn(main, args=(args.nproc, args), nprocs=args.nproc, join=True)
+    except mp.ProcessExitedException as e:  # a worker exited on its own: its message is above
+        sys.exit(f"error: the job failed: rank {e.error_index} exited with code {e.exit_code}")

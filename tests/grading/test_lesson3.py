@@ -1,0 +1,208 @@
+"""Grading tests for lesson 3. The sampler is graded against DistributedSampler itself, the
+gradient averaging against DDP, and the DDP loop against one-process training."""
+
+import copy
+import itertools
+import math
+import sys
+from contextlib import contextmanager
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.utils.data import DistributedSampler, TensorDataset
+
+from ddpcourse.grading import load_exercises
+from ddpcourse.launch import launch
+
+WORKERS = Path(__file__).parent / "workers"
+
+
+@pytest.fixture(scope="module")
+def ex():
+    return load_exercises(3)
+
+
+# --- l3_batch_and_lr -----------------------------------------------------------------------
+
+@pytest.mark.l3_batch_and_lr
+@pytest.mark.points(2)
+def test_per_process_batch(ex):
+    assert ex.per_process_batch(256, 1) == 256
+    assert ex.per_process_batch(256, 4) == 64
+    assert ex.per_process_batch(255, 3) == 85
+    assert ex.per_process_batch(7, 7) == 1
+    for global_batch, world_size in [(256, 3), (100, 8), (2, 4), (0, 1), (8, 0), (-8, 2)]:
+        with pytest.raises(ValueError):
+            ex.per_process_batch(global_batch, world_size)
+
+
+@pytest.mark.l3_batch_and_lr
+@pytest.mark.points(1)
+def test_effective_batch(ex):
+    assert ex.effective_batch(64, 4) == 256
+    assert ex.effective_batch(32, 4, accumulation_steps=2) == 256
+    assert ex.effective_batch(16, 3, 4) == 192
+    assert ex.effective_batch(1, 1, 1) == 1
+    for args in [(0, 4, 1), (32, 0, 1), (32, 4, 0)]:
+        with pytest.raises(ValueError):
+            ex.effective_batch(*args)
+
+
+@pytest.mark.l3_batch_and_lr
+@pytest.mark.points(1)
+def test_scaled_lr(ex):
+    assert ex.scaled_lr(0.1, 256, 256) == pytest.approx(0.1)
+    assert ex.scaled_lr(0.1, 256, 1024) == pytest.approx(0.4)
+    assert ex.scaled_lr(0.1, 256, 64) == pytest.approx(0.025)
+    assert ex.scaled_lr(3e-4, 512, 96) == pytest.approx(3e-4 * 96 / 512)
+    # 8 processes x 64 samples x 2 accumulation steps: a global batch of 1024
+    assert ex.scaled_lr(0.1, 256, ex.effective_batch(64, 8, 2)) == pytest.approx(0.4)
+    for args in [(0.1, 0, 256), (0.1, 256, 0), (0.0, 256, 256), (-0.1, 256, 256)]:
+        with pytest.raises(ValueError):
+            ex.scaled_lr(*args)
+
+
+# --- l3_sampler_indices --------------------------------------------------------------------
+
+def real_sampler(length, world_size, rank, shuffle=True, seed=0, epoch=0, drop_last=False):
+    sampler = DistributedSampler(range(length), num_replicas=world_size, rank=rank,
+                                 shuffle=shuffle, seed=seed, drop_last=drop_last)
+    sampler.set_epoch(epoch)
+    return list(sampler)
+
+
+def all_ranks(ex, length, world_size, **kw):
+    return ([ex.sampler_indices(length, world_size, r, **kw) for r in range(world_size)],
+            [real_sampler(length, world_size, r, **kw) for r in range(world_size)])
+
+
+@pytest.mark.l3_sampler_indices
+@pytest.mark.points(1)
+def test_sampler_in_order(ex):
+    assert ex.sampler_indices(5, 2, 1, shuffle=False) == [1, 3, 0]
+    for length, world_size in [(8, 4), (10, 3), (7, 2), (12, 5), (1, 1)]:
+        mine, real = all_ranks(ex, length, world_size, shuffle=False)
+        assert mine == real, (length, world_size)
+
+
+@pytest.mark.l3_sampler_indices
+@pytest.mark.points(2)
+def test_sampler_shuffles_by_seed_and_epoch(ex):
+    for length, world_size, seed, epoch in [(20, 4, 0, 0), (20, 4, 0, 1), (20, 4, 7, 3),
+                                            (1437, 4, 0, 5), (33, 3, 42, 2)]:
+        mine, real = all_ranks(ex, length, world_size, seed=seed, epoch=epoch)
+        assert mine == real, (length, world_size, seed, epoch)
+    # the same (seed, epoch) on every rank: together the shares cover every index
+    shares = [ex.sampler_indices(1437, 4, r, seed=3, epoch=2) for r in range(4)]
+    assert set(itertools.chain(*shares)) == set(range(1437))
+    assert [len(share) for share in shares] == [360] * 4  # 3 indices repeated as padding
+
+
+@pytest.mark.l3_sampler_indices
+@pytest.mark.points(2)
+def test_sampler_padding_and_drop_last_with_odd_world_sizes(ex):
+    combos = itertools.product([0, 1, 2, 5, 7, 10, 11, 97, 360], [1, 2, 3, 4, 5, 7],
+                               [False, True], [False, True])
+    for length, world_size, shuffle, drop_last in combos:
+        mine, real = all_ranks(ex, length, world_size, shuffle=shuffle, seed=1, epoch=1,
+                               drop_last=drop_last)
+        assert mine == real, (length, world_size, shuffle, drop_last)
+        assert len({len(share) for share in mine}) == 1  # every rank the same count
+    # 2 samples over 5 ranks: the order is repeated to give everyone one
+    assert ex.sampler_indices(2, 5, 4, shuffle=False) == [0]
+    assert ex.sampler_indices(11, 3, 2, shuffle=False, drop_last=True) == [2, 5, 8]
+
+
+@pytest.mark.l3_sampler_indices
+@pytest.mark.points(1)
+def test_sampler_rejects_impossible_ranks(ex):
+    for length, world_size, rank in [(10, 4, 4), (10, 4, -1), (10, 0, 0), (-1, 2, 0)]:
+        with pytest.raises(ValueError):
+            ex.sampler_indices(length, world_size, rank)
+
+
+# --- the two exercises that run in a real job --------------------------------------------
+
+@contextmanager
+def world_of_one():
+    """A one-process gloo group inside this test process: enough to call the code once."""
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1,
+                            timeout=timedelta(seconds=10))
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+JOBS = {}
+
+
+def job(world_size):
+    """One torchrun launch per world size, shared by the tests that read its verdicts."""
+    if world_size not in JOBS:
+        JOBS[world_size] = launch(str(WORKERS / "lesson3_ddp.py"), nproc=world_size,
+                                  timeout=150, capture=True, echo=False)
+    result = JOBS[world_size]
+    if result.returncode != 0:
+        sys.stderr.write(result.stdout + result.stderr)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    return result.stdout
+
+
+def verdict(stdout, name):
+    lines = [line for line in stdout.splitlines() if line.startswith(f"{name}: ")]
+    assert len(lines) == 1, stdout[-3000:]
+    return lines[0]
+
+
+def tiny_model():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(12, 16), nn.Tanh(), nn.Linear(16, 4))
+
+
+@pytest.mark.l3_average_gradients
+@pytest.mark.points(4)
+@pytest.mark.timeout(180)
+def test_average_gradients_matches_ddp_on_three_processes(ex):
+    model = tiny_model()
+    model(torch.randn(3, 12)).sum().backward()
+    before = [p.grad.clone() for p in model.parameters()]
+    with world_of_one():  # fail fast, before paying for a launch
+        ex.average_gradients(model)
+    assert all(torch.allclose(p.grad, b) for p, b in zip(model.parameters(), before,
+                                                          strict=True))
+    line = verdict(job(3), "average_gradients")
+    assert line == "average_gradients: ok on 3 ranks", line
+
+
+def train_ddp_once_in_process(ex):
+    x, y = torch.randn(30, 12), torch.randint(0, 4, (30,))
+    model = tiny_model()
+    start = copy.deepcopy(model.state_dict())
+    with world_of_one():  # fail fast, before paying for a launch
+        trained = ex.train_ddp(model, TensorDataset(x, y), global_batch=8, epochs=1, lr=0.1)
+    assert isinstance(trained, nn.Module)
+    assert any(not torch.equal(p, start[n]) for n, p in trained.state_dict().items())
+
+
+@pytest.mark.l3_ddp_step
+@pytest.mark.points(3)
+@pytest.mark.timeout(180)
+def test_train_ddp_reproduces_one_process_on_two_processes(ex):
+    train_ddp_once_in_process(ex)
+    line = verdict(job(2), "train_ddp")
+    assert line.startswith("train_ddp: ok on 2 ranks"), line
+
+
+@pytest.mark.l3_ddp_step
+@pytest.mark.points(3)
+@pytest.mark.timeout(180)
+def test_train_ddp_reproduces_one_process_on_three_processes(ex):
+    train_ddp_once_in_process(ex)
+    line = verdict(job(3), "train_ddp")
+    assert line.startswith("train_ddp: ok on 3 ranks"), line
+    assert math.isfinite(float(line.rsplit(" ", 1)[-1]))

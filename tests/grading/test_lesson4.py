@@ -1,0 +1,191 @@
+"""Grading tests for lesson 4: collectives built from send/recv, node groups, a hang to fix.
+
+A one-process world runs in this process (the trivial case, and a quick first call that
+lets an unfinished exercise fail before any job is started). Then one torchrun job per
+world size (2 and 3 on one node, 4 as two simulated nodes of 2) runs every check in
+workers/lesson4_checks.py against the real collectives; the tests of all exercises share
+that job and each asserts its own line of the job's report.
+"""
+
+import os
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from ddpcourse.grading import load_exercises
+from ddpcourse.launch import launch
+
+WORKERS = Path(__file__).parent / "workers"
+JOBS = {2: {"nproc": 2, "nnodes": 1}, 3: {"nproc": 3, "nnodes": 1},
+        4: {"nproc": 2, "nnodes": 2}}  # world size -> shape of the job
+LAUNCH_TIMEOUT = 150
+LAUNCHER_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK")
+
+
+@pytest.fixture(scope="module")
+def ex():
+    return load_exercises(4)
+
+
+@pytest.fixture(scope="module")
+def world_of_one():
+    """A one-process gloo world in this process (no network, no launcher)."""
+    created = not dist.is_initialized()
+    if created:
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1,
+                                timeout=timedelta(seconds=10))
+    assert dist.get_world_size() == 1
+    yield
+    if created:
+        dist.destroy_process_group()
+
+
+@pytest.fixture
+def one_node_env(monkeypatch):
+    """What torchrun would set for a one-process job, for node_group() in this process."""
+    for key, value in zip(LAUNCHER_VARIABLES, ("0", "0", "1", "1", "0"), strict=True):
+        monkeypatch.setenv(key, value)
+
+
+_results: dict[int, object] = {}
+
+
+def job(world_size: int):
+    """The lesson 4 checks at `world_size`, launched once and shared by every test."""
+    if world_size not in _results:
+        # Not this process's one-node variables (a test may have set them): torchrun's own.
+        env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARIABLES}
+        _results[world_size] = launch(str(WORKERS / "lesson4_checks.py"),
+                                      timeout=LAUNCH_TIMEOUT, capture=True, echo=False,
+                                      env=env, **JOBS[world_size])
+    return _results[world_size]
+
+
+def assert_check_passed(check: str, world_size: int):
+    result = job(world_size)
+    output = result.stdout + result.stderr
+    if result.returncode != 0:
+        sys.stderr.write(output)
+    assert result.returncode == 0, output[-3000:]
+    lines = [line for line in result.stdout.splitlines() if line.startswith(f"{check} W=")]
+    assert lines == [f"{check} W={world_size}: ok"], "\n".join(lines) or output[-3000:]
+
+
+# --- l4_ring_allreduce ----------------------------------------------------------------------
+
+@pytest.mark.l4_ring_allreduce
+@pytest.mark.points(1)
+def test_ring_allreduce_world_of_one(ex, world_of_one):
+    for x in (torch.randn(7), torch.arange(12).reshape(3, 4)):
+        before = x.clone()
+        returned = ex.ring_all_reduce(x)
+        assert torch.equal(x, before)  # the sum over one rank is the tensor itself
+        assert returned is x
+
+
+@pytest.mark.l4_ring_allreduce
+@pytest.mark.points(2)
+@pytest.mark.timeout(LAUNCH_TIMEOUT + 20)
+@pytest.mark.parametrize("world_size", [2, 3, 4])
+def test_ring_allreduce_matches_all_reduce(ex, world_of_one, world_size):
+    ex.ring_all_reduce(torch.zeros(3))  # fail fast, before paying for a launch
+    assert_check_passed("ring_allreduce", world_size)
+
+
+# --- l4_all_gather --------------------------------------------------------------------------
+
+@pytest.mark.l4_all_gather
+@pytest.mark.points(1)
+def test_all_gather_world_of_one(ex, world_of_one):
+    x = torch.tensor([1.0, 2.0, 3.0])
+    out = [torch.zeros(3)]
+    ex.all_gather_p2p(out, x)
+    assert torch.equal(out[0], x)
+    with pytest.raises(ValueError):
+        ex.all_gather_p2p([torch.zeros(3), torch.zeros(3)], x)
+
+
+@pytest.mark.l4_all_gather
+@pytest.mark.points(1)
+@pytest.mark.timeout(LAUNCH_TIMEOUT + 20)
+@pytest.mark.parametrize("world_size", [2, 3, 4])
+def test_all_gather_matches_dist_all_gather(ex, world_of_one, world_size):
+    ex.all_gather_p2p([torch.zeros(2)], torch.ones(2))
+    assert_check_passed("all_gather", world_size)
+
+
+# --- l4_broadcast_tree ----------------------------------------------------------------------
+
+@pytest.mark.l4_broadcast_tree
+@pytest.mark.points(1)
+def test_broadcast_tree_world_of_one(ex, world_of_one):
+    x = torch.tensor([4.0, 5.0])
+    ex.tree_broadcast(x, 0)
+    assert torch.equal(x, torch.tensor([4.0, 5.0]))
+    for bad_root in (1, -1):
+        with pytest.raises(ValueError):
+            ex.tree_broadcast(x, bad_root)
+
+
+@pytest.mark.l4_broadcast_tree
+@pytest.mark.points(1)
+@pytest.mark.timeout(LAUNCH_TIMEOUT + 20)
+@pytest.mark.parametrize("world_size", [2, 3, 4])
+def test_broadcast_tree_matches_broadcast_from_any_root(ex, world_of_one, world_size):
+    ex.tree_broadcast(torch.zeros(2), 0)
+    assert_check_passed("broadcast_tree", world_size)
+
+
+@pytest.mark.l4_broadcast_tree
+@pytest.mark.points(1)
+@pytest.mark.timeout(LAUNCH_TIMEOUT + 20)
+def test_broadcast_is_a_tree_not_a_star(ex, world_of_one):
+    """With 4 ranks a tree needs at most 2 messages from any rank; a star needs 3 from the root."""
+    ex.tree_broadcast(torch.zeros(2), 0)
+    assert_check_passed("broadcast_tree_shape", 4)
+
+
+# --- l4_node_groups -------------------------------------------------------------------------
+
+@pytest.mark.l4_node_groups
+@pytest.mark.points(1)
+def test_node_group_world_of_one(ex, world_of_one, one_node_env):
+    group = ex.node_group()
+    assert dist.get_process_group_ranks(group) == [0]
+    x = torch.tensor([3.0])
+    ex.node_leader_broadcast(x, group)
+    assert x.item() == 3.0
+
+
+@pytest.mark.l4_node_groups
+@pytest.mark.points(1)
+@pytest.mark.timeout(LAUNCH_TIMEOUT + 20)
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_node_groups_one_node(ex, world_of_one, one_node_env, world_size):
+    ex.node_leader_broadcast(torch.zeros(1), ex.node_group())
+    assert_check_passed("node_groups", world_size)
+
+
+@pytest.mark.l4_node_groups
+@pytest.mark.points(2)
+@pytest.mark.timeout(LAUNCH_TIMEOUT + 20)
+def test_node_groups_two_simulated_nodes(ex, world_of_one, one_node_env):
+    """2 nodes x 2 processes: ranks 0,1 and 2,3 each sum and broadcast within their node."""
+    ex.node_leader_broadcast(torch.zeros(1), ex.node_group())
+    assert_check_passed("node_groups", 4)
+
+
+# --- l4_fix_hang ----------------------------------------------------------------------------
+
+@pytest.mark.l4_fix_hang
+@pytest.mark.points(2)
+@pytest.mark.timeout(LAUNCH_TIMEOUT + 20)
+@pytest.mark.parametrize("world_size", [2, 3, 4])
+def test_report_loss_no_longer_hangs(ex, world_of_one, world_size):
+    """Every rank calls report_loss; a wrong fix fails within seconds (a 4 s group timeout)."""
+    ex.report_loss(torch.tensor(2.0), 0)
+    assert_check_passed("fix_hang", world_size)

@@ -1,0 +1,120 @@
+"""Lesson 3: DDP under torchrun and under mp.spawn trains, with an odd world size; it
+reproduces one-process training on 2 and 4 processes (and BatchNorm makes it differ);
+bad batch sizes are one-line errors from every way of starting it.
+
+Launches are the expensive part here (every process imports torch and timm), so each test
+launches as few as it can: odd world sizes in the DDP equivalence are covered by the
+grading of l3_ddp_step (2 and 3 processes, against one-process training)."""
+
+import re
+
+import pytest
+from util import PYTHON, ROOT, run
+
+from ddpcourse.launch import launch
+
+
+def summary(stdout: str) -> dict[str, str]:
+    lines = [line for line in stdout.splitlines() if line.startswith("summary: ")]
+    assert len(lines) == 1, stdout  # rank 0 alone prints it
+    return dict(re.findall(r"(\w+)=(\S+)", lines[0]))
+
+
+# 3 processes: 255 = 3 x 85 (the default 256 does not split in three)
+ODD_WORLD = ["--batch-size", "255", "--epochs", "6"]
+
+
+@pytest.fixture(scope="module")
+def torchrun_three(tmp_path_factory):
+    checkpoint = tmp_path_factory.mktemp("ddp") / "ddp.pt"
+    result = launch("scripts/lesson3_ddp.py", [*ODD_WORLD, "--checkpoint", str(checkpoint)],
+                    nproc=3, timeout=150, cwd=str(ROOT), capture=True, echo=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result, checkpoint
+
+
+@pytest.mark.timeout(180)
+def test_ddp_on_three_processes_learns_and_counts_every_validation_image_once(torchrun_three):
+    result, checkpoint = torchrun_three
+    out = result.stdout
+    s = summary(out)
+    assert (s["world_size"], s["batch_per_process"], s["global_batch"]) == ("3", "85", "255")
+    assert float(s["val_acc"]) > 0.5  # chance is 0.1
+    assert float(s["train_loss"]) < 0.2
+    epochs = [line for line in out.splitlines() if line.startswith("epoch ")]
+    assert len(epochs) == 6  # one line per epoch, from rank 0 only
+    # 359 validation images over 3 ranks, sharded without padding: counted exactly once
+    # (DistributedSampler would pad them to 360)
+    assert all("(359 images)" in line for line in epochs)
+    assert "global batch 255 = 3 process(es) x 85" in out
+    assert "3 process(es) on cpu with gloo" in out
+    assert checkpoint.stat().st_size > 100_000
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.timeout(180)
+def test_mp_spawn_runs_the_same_training_as_torchrun(torchrun_three, tmp_path):
+    result = run([PYTHON, "scripts/lesson3_ddp_spawn.py", "--nproc", "3", *ODD_WORLD,
+                  "--checkpoint", str(tmp_path / "spawn.pt")], timeout=170)
+    assert result.returncode == 0, result.stdout + result.stderr
+    spawned, launched = summary(result.stdout), summary(torchrun_three[0].stdout)
+    assert set(spawned) == set(launched)
+    for key in ("world_size", "batch_per_process", "global_batch", "train_loss", "val_acc"):
+        assert spawned[key] == launched[key], key
+    assert (tmp_path / "spawn.pt").exists()
+
+
+@pytest.mark.timeout(90)
+def test_ddp_started_with_plain_python_is_a_world_of_one(tmp_path):
+    result = run([PYTHON, "scripts/lesson3_ddp.py", "--epochs", "0",
+                  "--checkpoint", str(tmp_path / "one.pt")], timeout=80)
+    assert result.returncode == 0, result.stderr
+    assert "not started by torchrun" in result.stderr
+    assert "make lesson3 NPROC=4" in result.stderr
+    s = summary(result.stdout)
+    assert (s["world_size"], s["batch_per_process"], s["epochs"]) == ("1", "256", "0")
+
+
+@pytest.mark.timeout(150)
+def test_batch_that_does_not_split_is_a_one_line_error_on_every_path():
+    # torchrun, 2 processes, an odd global batch: every rank stops, rank 0 says why
+    result = launch("scripts/lesson3_ddp.py", ["--batch-size", "255"], nproc=2, timeout=120,
+                    cwd=str(ROOT), capture=True, echo=False)
+    assert result.returncode != 0
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert errors[0] == ("error: the global batch 255 does not split evenly over 2 processes; "
+                         "use a multiple of 2")
+    assert len(errors) == 2 and errors[1].startswith("error: the job failed: rank")
+    assert "Traceback" not in result.stderr
+    assert "summary:" not in result.stdout
+    # mp.spawn, a global batch smaller than the world: refused before any process starts
+    result = run([PYTHON, "scripts/lesson3_ddp_spawn.py", "--nproc", "4", "--batch-size", "2"],
+                 timeout=60)
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [
+        "error: the global batch 2 does not split evenly over 4 processes; use a multiple of 4"]
+
+
+def equivalence(nproc: int) -> dict[str, str]:
+    result = launch("scripts/lesson3_check_equivalence.py", nproc=nproc, timeout=120,
+                    cwd=str(ROOT), capture=True, echo=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "check: DDP reproduces one-process training of test_vit within 1e-05" in result.stdout
+    rows = {line.split()[0] + (" sync" if "SyncBatchNorm" in line.split()[1:3] else ""):
+            line.split() for line in result.stdout.splitlines() if line.startswith("test_")}
+    assert rows["test_vit"][1:5] == ["LayerNorm", rows["test_vit"][2], "yes", "same"]
+    assert rows["test_resnet"][1] == "BatchNorm" and rows["test_resnet"][3] == "yes"
+    # the CPU has no SyncBatchNorm, and the table says so
+    assert "refused: SyncBatchNorm layers only work with GPU modules" in result.stdout
+    return summary(result.stdout)
+
+
+@pytest.mark.timeout(300)
+def test_ddp_reproduces_one_process_training_and_batchnorm_does_not():
+    for nproc in (2, 4):
+        s = equivalence(nproc)
+        assert s["world_size"] == str(nproc) and s["global_batch"] == "48"
+        assert float(s["max_diff"]) <= 1e-5, (nproc, s)
+        # BatchNorm normalises over 48 / W samples per process: a clearly different result
+        assert float(s["bn_max_diff"]) > 1e-3, (nproc, s)
+        assert s["equivalent"] == "yes"
