@@ -169,8 +169,18 @@ class AgentErrorFilter:
         self.held: list[str] = []  # a Traceback whose origin we do not know yet
         self.swallowing = False
         self.failure: dict[str, str] = {}
+        self.after_exit_barrier = False
 
     def feed(self, line: str) -> None:
+        if "Error waiting on exit barrier" in line:
+            # A simulated node whose peer (hosting the store) left first, after the job
+            # finished: harmless, and followed by a traceback we drop too.
+            self.after_exit_barrier = True
+            return
+        if self.after_exit_barrier:
+            if re.match(r"[\w.]*(Error|Exception)\b", line):
+                self.after_exit_barrier = False
+            return
         if self.swallowing and re.match(r"[\w.]*(Error|Exception)\b", line) and (
                 "ChildFailedError" not in line):
             # torchrun itself failed (a rendezvous problem, say): its last line says why.

@@ -70,6 +70,18 @@ def test_agent_traceback_becomes_one_line():
         "after\n"]
 
 
+def test_exit_barrier_noise_after_a_finished_job_is_dropped():
+    lines = []
+    f = AgentErrorFilter(lines.append)
+    for line in ["summary: ok\n",
+                 "E1122 01:00:00 api.py:1008] Error waiting on exit barrier. Elapsed: 3 s\n",
+                 "Traceback (most recent call last):\n",
+                 '  File "/v/torch/distributed/elastic/agent/server/api.py", line 990\n',
+                 "torch.distributed.DistNetworkError: connection reset\n", "next\n"]:
+        f.feed(line)
+    assert lines == ["summary: ok\n", "next\n"]
+
+
 def test_a_hanging_job_is_stopped_at_its_time_limit(tmp_path):
     script = tmp_path / "hang.py"
     script.write_text("import time\ntime.sleep(600)\n")
