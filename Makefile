@@ -16,10 +16,11 @@ SUBMISSION  ?=
 SUBMISSIONS ?= submissions
 RELEASE ?= build/student-release
 
-ARGS    := --nproc '$(NPROC)' --nnodes '$(NNODES)' --port '$(PORT)' --timeout '$(TIMEOUT)'
+ARGS    ?=
+OPTS    := --nproc '$(NPROC)' --nnodes '$(NNODES)' --port '$(PORT)' --timeout '$(TIMEOUT)'
 # Checks NPROC/NNODES/PORT with the system Python before anything is installed or started.
-CHECK   := $(PYTHON) -m ddpcourse.launch --check $(ARGS)
-LAUNCH  := $(VPY) -m ddpcourse.launch $(ARGS)
+CHECK   := $(PYTHON) -m ddpcourse.launch --check $(OPTS)
+LAUNCH  := $(VPY) -m ddpcourse.launch $(OPTS)
 
 .PHONY: help setup lesson1 lesson2 lesson3 check-ddp bench-ddp lesson4 lesson4-hang bench-allreduce bench test lint grade grade-class notebooks figures student-release clean
 
@@ -46,22 +47,22 @@ lesson1: ## nodes, ranks, world size: whoami on NPROC processes x NNODES simulat
 lesson2: ## one device, then DataParallel (one process, one thread per GPU): the same training
 	@$(CHECK)
 	@$(MAKE) --no-print-directory setup
-	@echo '$$ $(VPY) scripts/lesson2_single_device.py'
-	@$(VPY) scripts/lesson2_single_device.py
-	@echo '$$ $(VPY) scripts/lesson2_data_parallel.py'
-	@$(VPY) scripts/lesson2_data_parallel.py
+	@echo '$$ $(VPY) scripts/lesson2_single_device.py $(ARGS)'
+	@$(VPY) scripts/lesson2_single_device.py $(ARGS)
+	@echo '$$ $(VPY) scripts/lesson2_data_parallel.py $(ARGS)'
+	@$(VPY) scripts/lesson2_data_parallel.py $(ARGS)
 
-lesson3: ## DDP: the training on NPROC processes x NNODES nodes with torchrun, then with mp.spawn
+lesson3: ## DDP with torchrun on NPROC x NNODES, then mp.spawn [ARGS="--batch-size 255"]
 	@$(CHECK)
 	@$(MAKE) --no-print-directory setup
-	@$(LAUNCH) scripts/lesson3_ddp.py
-	@echo '$$ $(VPY) scripts/lesson3_ddp_spawn.py --nproc $(NPROC)'
-	@$(VPY) scripts/lesson3_ddp_spawn.py --nproc '$(NPROC)'
+	@$(LAUNCH) scripts/lesson3_ddp.py $(ARGS)
+	@echo '$$ $(VPY) scripts/lesson3_ddp_spawn.py --nproc $(NPROC) $(ARGS)'
+	@$(VPY) scripts/lesson3_ddp_spawn.py --nproc '$(NPROC)' $(ARGS)
 
 check-ddp: ## DDP on NPROC processes reproduces one-process training (and BatchNorm does not)
 	@$(CHECK)
 	@$(MAKE) --no-print-directory setup
-	@$(LAUNCH) scripts/lesson3_check_equivalence.py
+	@$(LAUNCH) scripts/lesson3_check_equivalence.py $(ARGS)
 
 bench-ddp: ## samples/s and wall time: one device vs DDP on 2 and 4 processes; start-up cost
 	@$(MAKE) --no-print-directory setup

@@ -134,7 +134,7 @@ def draw_ddp_step(world_size: int = 2, layers: int = 4):
     import matplotlib.pyplot as plt
     from matplotlib.patches import Rectangle
 
-    fig, ax = plt.subplots(figsize=(10.5, 1.3 + world_size * 1.35))
+    fig, ax = plt.subplots(figsize=(11.0, 1.6 + world_size * 1.35))
     lane_h, gap = 0.5, 0.15
     forward_w, backward_w, step_w = 0.8, 0.9, 1.2
     sync_w = 0.95
@@ -172,23 +172,23 @@ def draw_ddp_step(world_size: int = 2, layers: int = 4):
             block(start_backward + i * backward_w, y_compute, backward_w, f"bwd L{layer}",
                   colour, 0.6)
         for b, bucket in enumerate(buckets):
-            names = "+".join(f"L{layer}" for layer in bucket)
-            block(ready[b], y_comm, allreduce_w, f"all-reduce\nbucket {b} ({names})", "#bbbbbb")
+            names = ", ".join(f"L{layer}" for layer in bucket)
+            block(ready[b], y_comm, allreduce_w, f"all-reduce\nbucket {b}: {names}", "#bbbbbb")
         block(step_x, y_compute, step_w, "optimizer\nstep", colour, 0.9)
     height = world_size * (2 * lane_h + 3 * gap)
     ax.vlines(list(ready.values()), -0.1, height, color="#999999", linestyle=":",
               linewidth=0.9)
     ax.annotate("", xy=(comm_end, -0.25), xytext=(ready[1], -0.25),
                 arrowprops={"arrowstyle": "<->", "color": "#555555"})
-    ax.text(comm_end + 0.1, -0.25, "backward() returns when the last bucket is summed",
-            ha="left", va="center", fontsize=8, color="#555555")
-    ax.text(0, -0.25, "grey: collectives DDP runs for you; dotted: a bucket's last gradient "
-            "is ready", ha="left", va="center", fontsize=8, color="#555555")
+    ax.text((ready[1] + comm_end) / 2, -0.4, "backward() returns when\nthe last bucket is summed",
+            ha="center", va="top", fontsize=8, color="#555555")
+    ax.text(0, -0.3, "grey: collectives DDP runs for you\ndotted: a bucket's last gradient "
+            "is ready", ha="left", va="top", fontsize=8, color="#555555")
     ax.text(ready[0] + allreduce_w / 2, height + 0.05, "bucket 0 is summed while layers 2 and 1 "
             "still compute their gradients", ha="center", va="bottom", fontsize=8,
             color="#555555")
-    ax.set_xlim(-1.9, max(step_x + step_w, comm_end + 4.6) + 0.2)
-    ax.set_ylim(-0.9, height + 0.45)
+    ax.set_xlim(-1.9, step_x + step_w + 0.2)
+    ax.set_ylim(-1.1, height + 0.45)
     ax.axis("off")
     ax.set_title(f"One DDP training step on {world_size} processes (schematic): the same "
                  "model, different data, the same averaged gradients", fontsize=10)

@@ -26,13 +26,25 @@ def lesson1_figures() -> dict:
     }
 
 
+def lesson2_figures() -> dict:
+    from ddpcourse.dataparallel_draw import draw_data_parallel_step
+
+    return {"data_parallel_step.png": draw_data_parallel_step(gpus=4, batch=256)}
+
+
+def lesson3_figures() -> dict:
+    from ddpcourse.ddp_draw import lesson_figures
+
+    return lesson_figures()  # DistributedSampler's split, and one DDP step
+
+
 def lesson4_figures() -> dict:
     from ddpcourse.collectives_draw import lesson_figures
 
     return lesson_figures(world_size=4)  # every collective before/after, and the ring
 
 
-FIGURES = {1: lesson1_figures, 4: lesson4_figures}
+FIGURES = {1: lesson1_figures, 2: lesson2_figures, 3: lesson3_figures, 4: lesson4_figures}
 
 
 def write_figures(lessons: list[int] | None = None, out_root: Path | None = None) -> list[Path]:

@@ -35,6 +35,8 @@ def parse_summary(output: str) -> dict:
 
 def run_once(nproc: int | None, script_args: list[str], timeout: float) -> tuple[dict, float]:
     """(summary fields, wall seconds) of one run; nproc None means one device, plain python."""
+    # Its own checkpoint file, so a benchmark never overwrites the lessons' trained models.
+    script_args = [*script_args, "--checkpoint", f"runs/benchmark_{nproc or 1}.pt"]
     tick = time.perf_counter()
     if nproc is None:
         result = subprocess.run([sys.executable, SINGLE, *script_args], cwd=ROOT,
