@@ -122,7 +122,9 @@ def worker():
     device, backend = pick_device(local_rank)
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    dist.init_process_group(backend, timeout=timedelta(seconds=args.timeout))
+    # device_id binds the group to this GPU, so nccl's barrier knows which one to use.
+    dist.init_process_group(backend, timeout=timedelta(seconds=args.timeout),
+                            device_id=device if device.type == "cuda" else None)
     world = dist.get_world_size()
     if world < 2:
         raise SystemExit("error: an all-reduce benchmark needs at least 2 processes")

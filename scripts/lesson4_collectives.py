@@ -92,7 +92,9 @@ def main():
     device, backend = pick_device(local_rank)
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    dist.init_process_group(backend, timeout=timedelta(seconds=args.timeout))
+    # device_id binds the group to this GPU, so nccl's barrier knows which one to use.
+    dist.init_process_group(backend, timeout=timedelta(seconds=args.timeout),
+                            device_id=device if device.type == "cuda" else None)
     world = dist.get_world_size()
     show = Show(rank, world)
     if rank == 0:

@@ -41,7 +41,9 @@ def main():
     if device.type == "cuda":
         torch.cuda.set_device(device)
     timeout = timedelta(seconds=args.timeout)
-    dist.init_process_group(backend, timeout=timeout)
+    # device_id binds the group to this GPU, so nccl's barrier knows which one to use.
+    dist.init_process_group(backend, timeout=timeout,
+                            device_id=device if device.type == "cuda" else None)
     world = dist.get_world_size()
 
     # The world group: every process. Collectives use it when no group= is given.
