@@ -39,7 +39,9 @@ def ring_all_reduce(tensor: torch.Tensor) -> torch.Tensor:
     r-s-1 it receives to its own; afterwards rank r holds the complete sum of chunk r+1.
     All-gather: in W-1 more steps each rank passes finished chunks on, overwriting its stale
     ones. If every rank calls a blocking send first, every rank waits for a receiver: post
-    the send and the receive together (isend, or batch_isend_irecv).
+    the send and the receive together (isend, or batch_isend_irecv). The grader watches the
+    messages too: each rank sends only to r+1 and receives only from r-1, one message each
+    way per step, 2(W-1) steps.
     """
     raise NotImplementedError("l4_ring_allreduce: write the reduce-scatter and all-gather steps")
 
@@ -60,8 +62,9 @@ def tree_broadcast(tensor: torch.Tensor, src: int) -> None:
     Afterwards every rank's `tensor` holds what rank `src` had. Any rank may be the root,
     and any world size must work. Do not let the root send W-1 messages itself: in a
     binomial tree every rank that already has the data passes it on, so after round k
-    2**k ranks have it, and no rank sends more than ceil(log2 W) messages (a binary tree
-    works too). Raise ValueError when `src` is not a rank of the world.
+    2**k ranks have it, and no rank sends more than ceil(log2 W) messages or is more than
+    ceil(log2 W) hops from the root (a binary tree works too; a chain does not). Raise
+    ValueError when `src` is not a rank of the world.
     Hint: renumber the ranks so that the root is 0: me = (rank - src) % W.
     """
     raise NotImplementedError("l4_broadcast_tree: pass the tensor down a tree")

@@ -197,6 +197,67 @@ def test_handed_out_report_loss_fails_fast_in_grading(tmp_path):
     assert line.startswith("fix_hang W=2: FAILED")
 
 
+# Right answers reached the wrong way: each must lose its points.
+PREBOUND_RING = """
+from torch.distributed import all_reduce as _all_reduce  # bound before the grader looks
+
+def ring_all_reduce(tensor):
+    _all_reduce(tensor)
+    return tensor
+"""
+STAR_RING = """
+def ring_all_reduce(tensor):  # send/recv only, but everything goes through rank 0
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if rank == 0:
+        part = torch.empty_like(tensor)
+        for other in range(1, world):
+            dist.recv(part, src=other)
+            tensor += part
+        for other in range(1, world):
+            dist.send(tensor, dst=other)
+    else:
+        dist.send(tensor, dst=0)
+        dist.recv(tensor, src=0)
+    return tensor
+"""
+CHAIN_BROADCAST = """
+def tree_broadcast(tensor, src):  # a chain: right answer, W-1 rounds instead of log2 W
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if not 0 <= src < world:
+        raise ValueError("no such rank")
+    if rank != src:
+        dist.recv(tensor, src=(rank - 1) % world)
+    if (rank + 1) % world != src:
+        dist.send(tensor, dst=(rank + 1) % world)
+"""
+
+
+@pytest.mark.timeout(150)
+def test_grading_fails_collectives_that_are_not_built_as_asked(tmp_path):
+    solutions = (ROOT / "solutions" / "lesson4" / "exercises.py").read_text()
+
+    def grade(name, *overrides):
+        (tmp_path / name / "lesson4").mkdir(parents=True)
+        (tmp_path / name / "lesson4" / "exercises.py").write_text(
+            solutions + "\n".join(overrides))
+        return launch("tests/grading/workers/lesson4_checks.py",
+                      ["--only", "ring_allreduce,broadcast_tree_shape"], nproc=4, timeout=90,
+                      capture=True, echo=False, cwd=str(ROOT),
+                      env={**os.environ, "COURSE_SUBMISSION": str(tmp_path / name)})
+
+    with ThreadPoolExecutor(2) as pool:
+        jobs = (pool.submit(grade, "prebound", PREBOUND_RING, CHAIN_BROADCAST),
+                pool.submit(grade, "star", STAR_RING))
+        prebound, star = (job.result().stdout for job in jobs)
+    assert "ring_allreduce W=4: FAILED" in prebound
+    assert "a ready-made collective (allreduce) was called" in prebound
+    assert "broadcast_tree_shape W=4: FAILED" in prebound
+    assert "rank 3 got the data after 3 hops" in prebound
+    assert "ring_allreduce W=4: FAILED" in star
+    assert "in a ring it sends only to" in star
+    assert "broadcast_tree_shape W=4: ok" in star  # the solution's binomial tree passes
+
+
 @pytest.mark.timeout(150)
 def test_allreduce_bench_quick_run(tmp_path):
     plot = tmp_path / "bench.png"

@@ -46,39 +46,64 @@ def expect(condition, message):
         raise CheckFailed(message)
 
 
+# The same at the process-group level, where every dist.* collective ends up: this also
+# stops a collective imported under another name before the check began.
+PG_COLLECTIVES = [name for name in dir(c10d.ProcessGroup) if not name.startswith("__")
+                  and any(word in name for word in ("all", "broadcast", "reduce", "gather",
+                                                    "scatter"))]
+
+
 @contextmanager
 def collectives_forbidden():
     saved = {name: getattr(dist, name) for name in COLLECTIVES if hasattr(dist, name)}
+    # vars(), not getattr: these are pybind11 method descriptors, put back exactly as found
+    saved_pg = {name: vars(c10d.ProcessGroup)[name] for name in PG_COLLECTIVES}
 
     def forbidden(name):
         def call(*args, **kwargs):
-            raise CheckFailed(f"dist.{name} was called: build this one from send/recv")
+            raise CheckFailed(f"{name} was called: build this one from send/recv")
         return call
 
     for name in saved:
-        setattr(dist, name, forbidden(name))
+        setattr(dist, name, forbidden(f"dist.{name}"))
+    for name in saved_pg:
+        setattr(c10d.ProcessGroup, name, forbidden(f"a ready-made collective ({name})"))
     try:
         yield
     finally:
         for name, fn in saved.items():
             setattr(dist, name, fn)
+        for name, fn in saved_pg.items():
+            setattr(c10d.ProcessGroup, name, fn)
 
 
 @contextmanager
-def counting_sends(counter):
-    """Count this rank's outgoing messages: dist.send, dist.isend and batched isends all go
-    through distributed_c10d.isend, which is swapped for a counting wrapper meanwhile."""
-    original = c10d.isend
+def recording_p2p(log):
+    """Append ("send", peer) and ("recv", peer) to `log` for every message this rank sends or
+    receives. send, isend, recv, irecv and batch_isend_irecv all reach the process group's
+    send and recv methods, which are wrapped meanwhile (peer None: a receive from anyone)."""
+    pg = c10d.ProcessGroup
+    saved = {name: vars(pg)[name] for name in ("send", "recv", "recv_anysource")}
+    send, recv, recv_any = pg.send, pg.recv, pg.recv_anysource
 
-    def isend(*args, **kwargs):
-        counter[0] += 1
-        return original(*args, **kwargs)
+    def logged_send(group, tensors, dst, *args):
+        log.append(("send", dst))
+        return send(group, tensors, dst, *args)
 
-    c10d.isend, dist.isend = isend, isend
+    def logged_recv(group, tensors, src, *args):
+        log.append(("recv", src))
+        return recv(group, tensors, src, *args)
+
+    def logged_recv_any(group, *args):
+        log.append(("recv", None))
+        return recv_any(group, *args)
+
+    pg.send, pg.recv, pg.recv_anysource = logged_send, logged_recv, logged_recv_any
     try:
         yield
     finally:
-        c10d.isend, dist.isend = original, original
+        for name, method in saved.items():
+            setattr(pg, name, method)
 
 
 def data(seed, shape, dtype):
@@ -106,10 +131,33 @@ def check_ring_allreduce(ex):
         dist.all_reduce(want)
         got = mine.clone()
         pointer = got.data_ptr()
-        with collectives_forbidden():
+        log = []
+        with collectives_forbidden(), recording_p2p(log):
             ex.ring_all_reduce(got)
         expect(got.data_ptr() == pointer, "the tensor was replaced, not summed in place")
         same(got, want, f"ring_all_reduce of a {tuple(shape)} {dtype} tensor")
+        expect_ring_traffic(log, got.numel(), f"ring_all_reduce of a {tuple(shape)} tensor")
+
+
+def expect_ring_traffic(log, numel, what):
+    """A ring: rank r sends only to r+1 and receives only from r-1 (mod W), one message
+    each way in each of the 2(W-1) steps (fewer when some chunks are empty)."""
+    right, left = (RANK + 1) % WORLD, (RANK - 1) % WORLD
+    sent = [peer for kind, peer in log if kind == "send"]
+    received = [peer for kind, peer in log if kind == "recv"]
+    expect(set(sent) <= {right} and set(received) <= {left},
+           f"{what}: rank {RANK} sent to ranks {sorted(set(sent))} and received from "
+           f"{sorted(set(received), key=str)}; in a ring it sends only to {right} and receives "
+           f"only from {left}")
+    steps = 2 * (WORLD - 1)
+    if numel >= WORLD:
+        expect(len(sent) == len(received) == steps,
+               f"{what}: rank {RANK} sent {len(sent)} and received {len(received)} messages; "
+               f"a ring all-reduce takes {steps} steps of one message each way")
+    else:
+        expect(len(sent) <= steps and len(received) <= steps,
+               f"{what}: rank {RANK} sent {len(sent)} messages, more than the {steps} steps "
+               "of a ring")
 
 
 def check_all_gather(ex):
@@ -154,19 +202,36 @@ def check_broadcast_tree(ex):
 
 
 def check_broadcast_tree_shape(ex):
-    src = WORLD - 1
-    sent = [0]
-    got = data(30, (4,), torch.float32)
-    with collectives_forbidden(), counting_sends(sent):
-        ex.tree_broadcast(got, src)
-    counts = [torch.zeros(1, dtype=torch.int64) for _ in range(WORLD)]
-    dist.all_gather(counts, torch.tensor([sent[0]]))
-    counts = [int(c.item()) for c in counts]
+    """Who sent to whom: each rank other than the root receives exactly once, no rank sends
+    more than ceil(log2 W) messages, and no rank is more than ceil(log2 W) hops from the
+    root (a chain root -> a -> b -> c is too deep at W = 4)."""
     limit = max(1, math.ceil(math.log2(WORLD))) if WORLD > 1 else 0
-    expect(sum(counts) >= WORLD - 1, f"only {sum(counts)} messages were sent in all; every "
-                                     f"one of the {WORLD - 1} other ranks needs one")
-    expect(max(counts) <= limit, f"messages sent per rank {counts} (root {src}): a tree sends "
-                                 f"at most ceil(log2 W) = {limit} from any one rank")
+    for src in sorted({WORLD - 1, 0}):
+        log = []
+        got = data(30 + src, (4,), torch.float32)
+        with collectives_forbidden(), recording_p2p(log):
+            ex.tree_broadcast(got, src)
+        logs = [None] * WORLD
+        dist.all_gather_object(logs, log)
+        sent = [sum(kind == "send" for kind, _ in lg) for lg in logs]
+        parent = {}
+        for r, lg in enumerate(logs):
+            sources = [peer for kind, peer in lg if kind == "recv"]
+            expect(len(sources) == (0 if r == src else 1),
+                   f"root {src}: rank {r} received {len(sources)} messages, expected "
+                   + ("none (it is the root)" if r == src else "exactly one"))
+            if r != src:
+                expect(sources[0] is not None, f"root {src}: rank {r} received from any "
+                                               "source; name the rank it receives from")
+                parent[r] = sources[0]
+        expect(max(sent) <= limit, f"root {src}: messages sent per rank {sent}; a tree sends "
+                                   f"at most ceil(log2 W) = {limit} from any one rank")
+        for r in parent:
+            hops, at = 0, r
+            while at != src and hops <= WORLD:
+                at, hops = parent.get(at, src), hops + 1
+            expect(hops <= limit, f"root {src}: rank {r} got the data after {hops} hops; in a "
+                                  f"tree no rank is more than ceil(log2 W) = {limit} hops away")
 
 
 def check_node_groups(ex):
