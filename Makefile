@@ -42,7 +42,7 @@ setup: $(VENV)/.installed ## create .venv from requirements.txt (again only when
 lesson1: ## nodes, ranks, world size: whoami on NPROC processes x NNODES simulated nodes
 	@$(CHECK)
 	@$(MAKE) --no-print-directory setup
-	@$(LAUNCH) scripts/lesson1_whoami.py
+	@$(LAUNCH) scripts/lesson1_whoami.py $(ARGS)
 
 lesson2: ## one device, then DataParallel (one process, one thread per GPU): the same training
 	@$(CHECK)
@@ -72,14 +72,17 @@ bench-ddp: ## samples/s and wall time: one device vs DDP on 2 and 4 processes; s
 lesson4: ## collectives and process groups: every collective, then groups, on NPROC x NNODES
 	@$(CHECK)
 	@$(MAKE) --no-print-directory setup
-	@$(LAUNCH) scripts/lesson4_collectives.py
-	@$(LAUNCH) scripts/lesson4_groups.py
+	@$(LAUNCH) scripts/lesson4_collectives.py $(ARGS)
+	@$(LAUNCH) scripts/lesson4_groups.py $(ARGS)
 
 lesson4-hang: ## failure drill: only rank 0 calls all_reduce; a 5 s timeout ends it; then the fix
 	@$(CHECK)
 	@$(MAKE) --no-print-directory setup
-	@$(LAUNCH) scripts/lesson4_hang.py --timeout 5 || echo "(that failure was the drill)"
-	@$(LAUNCH) scripts/lesson4_hang.py --timeout 5 --detail || echo "(DETAIL names it at once)"
+	@# The broken runs must fail with the drill's own exit status 1; anything else is real.
+	@rc=0; $(LAUNCH) scripts/lesson4_hang.py --timeout 5 || rc=$$?; \
+		[ $$rc = 1 ] && echo "(that failure was the drill)" || exit $$((rc ? rc : 1))
+	@rc=0; $(LAUNCH) scripts/lesson4_hang.py --timeout 5 --detail || rc=$$?; \
+		[ $$rc = 1 ] && echo "(DETAIL names it at once)" || exit $$((rc ? rc : 1))
 	@$(LAUNCH) scripts/lesson4_hang.py --timeout 5 --fixed
 
 bench-allreduce: ## all-reduce time, algbw, busbw from 1 KB to 256 MB on 2 and 4 processes

@@ -16,24 +16,25 @@ HUB_HOST = "huggingface.co"
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 
 
-def create_model(name: str, num_classes: int, pretrained: bool = False):
-    """timm.create_model(name, pretrained=..., num_classes=...), with one-line errors."""
+def create_model(name: str, num_classes: int, pretrained: bool = False, **options):
+    """timm.create_model(name, pretrained=..., num_classes=..., **options), with one-line
+    errors. `options` go to the model, e.g. drop_rate=0.2."""
     import timm
 
     if not timm.is_model(name):
         fail(f"timm has no model called {name!r}; try test_resnet, test_efficientnet_gn or "
              "resnet10t (python -c 'import timm; print(timm.list_models())' lists them all)")
     if not pretrained:
-        return timm.create_model(name, pretrained=False, num_classes=num_classes)
+        return timm.create_model(name, pretrained=False, num_classes=num_classes, **options)
     local = cached_weights(name)
     if local:  # load the file directly: no network call, no retries
         return timm.create_model(name, pretrained=True, num_classes=num_classes,
-                                 pretrained_cfg_overlay={"file": local})
+                                 pretrained_cfg_overlay={"file": local}, **options)
     if not hub_reachable():
         fail(f"no pretrained weights for {name} on this machine, and {HUB_HOST} cannot be "
              "reached to fetch them; run without --pretrained (the lessons train from "
              "scratch), or fetch them once where there is a network")
-    return timm.create_model(name, pretrained=True, num_classes=num_classes)
+    return timm.create_model(name, pretrained=True, num_classes=num_classes, **options)
 
 
 def cached_weights(name: str) -> str | None:

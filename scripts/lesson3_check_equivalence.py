@@ -107,18 +107,22 @@ def main():
     shares = [None] * world_size if rank == 0 else None
     dist.gather_object(mine, shares, dst=0)
 
+    # Dropout draws random masks: one process draws them for the whole batch from one
+    # stream, each DDP process for its share from its own, so the masks differ.
     # BatchNorm normalises with the mean and variance of the samples it sees: under DDP each
     # process sees batch-size / W of them, so its gradients are not those of the one-process
     # run, and the BatchNorm model differs. SyncBatchNorm computes the statistics over all
     # processes, which restores the match, but only for GPU modules: the CPU refuses it.
     rows, max_diff = [], {}
-    candidates = [("", args.model), ("", args.bn_model), ("SyncBatchNorm", args.bn_model)]
+    candidates = [("", args.model), ("dropout 0.2", args.model), ("", args.bn_model),
+                  ("SyncBatchNorm", args.bn_model)]
     for variant, name in candidates:
         torch.manual_seed(args.seed)
-        model = create_model(name, NUM_CLASSES["digits"]).to(device)
+        options = {"drop_rate": 0.2} if variant.startswith("dropout") else {}
+        model = create_model(name, NUM_CLASSES["digits"], **options).to(device)
         start = copy.deepcopy(model.state_dict())  # rank 0's copy is what DDP hands everyone
         label = f"{name} + {variant}" if variant else name
-        if variant:
+        if variant == "SyncBatchNorm":
             model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
         norm = normalisation(model)
         try:
@@ -133,7 +137,7 @@ def main():
         finals = [torch.empty_like(final) for _ in range(world_size)]
         dist.all_gather(finals, final)  # every rank's parameters, to compare them on rank 0
         if rank == 0:
-            alone = create_model(name, NUM_CLASSES["digits"]).to(device)
+            alone = create_model(name, NUM_CLASSES["digits"], **options).to(device)
             alone.load_state_dict(start)
             whole = [sum((share[k] for share in shares), []) for k in range(args.steps)]
             train(alone, [train_set[idx] for idx in whole], args.lr, device)
@@ -158,6 +162,7 @@ def main():
         print(summary_line(world_size=world_size, steps=args.steps,
                            global_batch=args.batch_size, batch_per_process=per_process,
                            max_diff=f"{plain:.2e}", bn_max_diff=f"{max_diff[args.bn_model]:.2e}",
+                           dropout_max_diff=f"{max_diff[args.model + ' + dropout 0.2']:.2e}",
                            tolerance=args.tolerance, equivalent="yes" if passed else "no",
                            wall_s=round(time.perf_counter() - started, 2)))
     dist.destroy_process_group()

@@ -143,6 +143,10 @@ def main(rank, world_size, args):  # mp.spawn calls this in every new process, r
         train_seconds += time.perf_counter() - tick
         trained += int(stats[2])
 
+        # Each rank's last batch moved its own BatchNorm running statistics: validate with
+        # rank 0's, the ones the checkpoint keeps.
+        for buffer in model.module.buffers():
+            dist.broadcast(buffer, src=0)
         # The plain model inside DDP: its forward does no collectives, so ranks may run
         # different numbers of validation batches.
         counts = evaluate(model.module, val_loader, device)

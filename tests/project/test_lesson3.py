@@ -100,10 +100,12 @@ def equivalence(nproc: int) -> dict[str, str]:
                     cwd=str(ROOT), capture=True, echo=False)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "check: DDP reproduces one-process training of test_vit within 1e-05" in result.stdout
-    rows = {line.split()[0] + (" sync" if "SyncBatchNorm" in line.split()[1:3] else ""):
-            line.split() for line in result.stdout.splitlines() if line.startswith("test_")}
-    assert rows["test_vit"][1:5] == ["LayerNorm", rows["test_vit"][2], "yes", "same"]
-    assert rows["test_resnet"][1] == "BatchNorm" and rows["test_resnet"][3] == "yes"
+    # the table's columns are separated by two or more spaces
+    rows = {cells[0]: cells[1:] for line in result.stdout.splitlines()
+            if line.startswith("test_") for cells in [re.split(r"\s{2,}", line.strip())]}
+    assert rows["test_vit"] == ["LayerNorm", rows["test_vit"][1], "yes", "same"]
+    assert rows["test_vit + dropout 0.2"][2:] == ["yes", "differs"]
+    assert rows["test_resnet"][0] == "BatchNorm" and rows["test_resnet"][2:] == ["yes", "differs"]
     # the CPU has no SyncBatchNorm, and the table says so
     assert "refused: SyncBatchNorm layers only work with GPU modules" in result.stdout
     return summary(result.stdout)
@@ -117,4 +119,5 @@ def test_ddp_reproduces_one_process_training_and_batchnorm_does_not():
         assert float(s["max_diff"]) <= 1e-5, (nproc, s)
         # BatchNorm normalises over 48 / W samples per process: a clearly different result
         assert float(s["bn_max_diff"]) > 1e-3, (nproc, s)
+        assert float(s["dropout_max_diff"]) > 1e-3, (nproc, s)  # other random masks
         assert s["equivalent"] == "yes"

@@ -64,3 +64,26 @@ def test_local_links_in_readings_resolve(reading):
         if re.match(r"[a-z]+://", target):
             continue
         assert (reading.parent / target).exists(), f"{reading.name} links to missing {target}"
+
+
+# The progression the readings teach by diff: each script is the one before plus its lesson.
+SCRIPT_STEPS = [("lesson2_single_device", "lesson2_data_parallel"),
+                ("lesson2_single_device", "lesson3_ddp"), ("lesson3_ddp", "lesson3_ddp_spawn")]
+
+
+def test_diffs_in_the_readings_are_the_diffs_of_the_scripts():
+    import subprocess
+
+    printed = []  # every line of every diff, as `diff -u` and plain `diff` print them
+    for old, new in SCRIPT_STEPS:
+        for flags in (["-u"], []):
+            out = subprocess.run(["diff", *flags, f"scripts/{old}.py", f"scripts/{new}.py"],
+                                 cwd=ROOT, capture_output=True, text=True).stdout
+            printed.append(out.splitlines())
+    blocks = [block for reading in READINGS
+              for block in re.findall(r"```diff\n(.*?)```", reading.read_text(), re.S)]
+    assert len(blocks) >= 8
+    for block in blocks:
+        lines = [x for x in block.splitlines() if not x.startswith(("--- ", "+++ "))]
+        assert any(out[i:i + len(lines)] == lines
+                   for out in printed for i in range(len(out) - len(lines) + 1)), block
