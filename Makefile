@@ -107,7 +107,7 @@ grade-class: setup ## grade every folder under SUBMISSIONS=dir into build/grades
 	@$(VPY) -m ddpcourse.grading class '$(SUBMISSIONS)' --lesson '$(LESSON)'
 
 notebooks: setup ## execute every notebook and render HTML into build/notebooks
-	$(VPY) -m jupyter nbconvert --to html --execute --ExecutePreprocessor.timeout=600 \
+	$(VPY) -m jupyter nbconvert --to html --embed-images --execute --ExecutePreprocessor.timeout=600 \
 		--output-dir build/notebooks notebooks/*.ipynb
 
 figures: setup ## regenerate the lesson figures in lessons/*/figures

@@ -57,9 +57,9 @@ def check_port_free(port: int) -> None:
             ) from None
 
 
-def visible_gpu_count() -> int:
-    """GPUs this machine exposes, without importing torch (nvidia-smi if present)."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+def visible_gpu_count(environ: dict | None = None) -> int:
+    """GPUs visible under `environ` (default: ours), without importing torch (nvidia-smi)."""
+    visible = (os.environ if environ is None else environ).get("CUDA_VISIBLE_DEVICES")
     if visible is not None and visible.strip() in ("", "-1"):
         return 0
     if shutil.which("nvidia-smi") is None:
@@ -326,7 +326,7 @@ def launch(
     else:
         check_port_free(port)
     env = dict(os.environ if env is None else env)
-    gpus = visible_gpu_count()
+    gpus = visible_gpu_count(env)
     if gpus and nproc * nnodes > gpus:
         where = f"NPROC={nproc}" + (f" x NNODES={nnodes}" if nnodes > 1 else "")
         raise LaunchError(

@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from ddpcourse.launch import launch
+from ddpcourse.launch import LaunchError, launch, visible_gpu_count
 from ddpcourse.report import format_table, summary_line
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -42,8 +42,11 @@ def run_once(nproc: int | None, script_args: list[str], timeout: float) -> tuple
         result = subprocess.run([sys.executable, SINGLE, *script_args], cwd=ROOT,
                                 capture_output=True, text=True, timeout=timeout)
     else:
-        result = launch(DDP, script_args, nproc=nproc, timeout=timeout, cwd=str(ROOT),
-                        capture=True, echo=False)
+        try:
+            result = launch(DDP, script_args, nproc=nproc, timeout=timeout, cwd=str(ROOT),
+                            capture=True, echo=False)
+        except LaunchError as error:
+            sys.exit(f"error: {error}")
     wall = time.perf_counter() - tick
     if result.returncode != 0:
         sys.stderr.write(result.stdout + result.stderr)
@@ -56,10 +59,14 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=8)
     parser.add_argument("--model", default="test_resnet")
-    parser.add_argument("--nprocs", type=int, nargs="+", default=[2, 4],
-                        help="DDP world sizes to compare with one device")
+    parser.add_argument("--nprocs", type=int, nargs="+", default=None,
+                        help="DDP world sizes to compare with one device (default: 2 4 on "
+                             "the CPU; 2, 4, 8 up to the number of GPUs, or 1 on one GPU)")
     parser.add_argument("--timeout", type=float, default=300, help="seconds per run")
     args = parser.parse_args()
+    if args.nprocs is None:
+        gpus = visible_gpu_count()  # one process per GPU
+        args.nprocs = ([w for w in (2, 4, 8) if w <= gpus] or [1]) if gpus else [2, 4]
     if args.epochs < 1 or min(args.nprocs) < 1:
         parser.error("--epochs and every --nprocs value must be at least 1")
     common = ["--model", args.model]

@@ -304,7 +304,7 @@ def draw(results: list[dict], path: Path) -> None:
 
 
 def driver():
-    from ddpcourse.launch import launch, visible_gpu_count
+    from ddpcourse.launch import LaunchError, launch, visible_gpu_count
     from ddpcourse.report import format_table, summary_line
 
     started = time.perf_counter()
@@ -313,9 +313,11 @@ def driver():
         worlds = WORLDS
     else:
         worlds = [w for w in (2, 4, 8) if w <= gpus] if gpus else [2, 4]
-        if not worlds:
-            sys.exit("error: one GPU is not enough for an all-reduce; hide it with "
-                     "CUDA_VISIBLE_DEVICES= to run on the CPU")
+        if not worlds:  # one GPU: nobody to all-reduce with
+            print("note: one GPU has no partner for an all-reduce; measuring on the CPU with "
+                  "gloo instead", flush=True)
+            os.environ["CUDA_VISIBLE_DEVICES"] = ""  # for the launcher and the processes
+            worlds = [2, 4]
     print(f"sizes {human(SIZES[0])} .. {human(SIZES[-1])} ({len(SIZES)}), world sizes "
           f"{worlds}, methods {','.join(methods)}", flush=True)
     results = []
@@ -325,7 +327,10 @@ def driver():
         script_args = [f"--min-bytes={args.min_bytes}", f"--max-bytes={args.max_bytes}",
                        f"--methods={','.join(methods)}", f"--ring={args.ring}",
                        f"--json={out}", f"--timeout={args.timeout:g}"]
-        result = launch(__file__, script_args, nproc=world, timeout=1800)
+        try:
+            result = launch(__file__, script_args, nproc=world, timeout=1800)
+        except LaunchError as error:
+            sys.exit(f"error: {error}")
         if result.returncode != 0 or not out.exists():
             sys.exit(f"error: the W={world} run failed (exit code {result.returncode})")
         results.append(json.loads(out.read_text()))

@@ -218,8 +218,19 @@ def main():
              note="a ring shift with blocking calls: even ranks send first, odd ranks "
                   "receive first")
 
-        # isend/irecv return at once with a request to wait on: no ordering puzzle. Posting
-        # them as one batch lets nccl run them together (a GPU may otherwise serialise them).
+        # isend/irecv return at once with a request to wait on: no ordering puzzle. Post
+        # both, then wait for both. (nccl may run one rank's two calls one after the other,
+        # so that two ranks each wait in a send; there, use the batch form below.)
+        if backend != "nccl":
+            x, y = numbered(), torch.zeros(2, device=device)
+            requests = [dist.isend(x, dst=right), dist.irecv(y, src=left)]
+            for request in requests:
+                request.wait()
+            show("send_recv", state(x), state(y),
+                 call="dist.isend(x, dst=(rank+1) % W); dist.irecv(y, src=(rank-1) % W)",
+                 note="both posted at once, then request.wait() on each")
+
+        # Posting them as one batch lets nccl run them together.
         x, y = numbered(), torch.zeros(2, device=device)
         requests = dist.batch_isend_irecv([dist.P2POp(dist.isend, x, right),
                                            dist.P2POp(dist.irecv, y, left)])

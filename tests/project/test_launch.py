@@ -140,7 +140,7 @@ def test_simulated_nodes_on_a_gpu_machine_get_their_own_gpus(tmp_path, monkeypat
     fake_torchrun = tmp_path / "torchrun"
     fake_torchrun.write_text('#!/bin/sh\necho "$2 CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES"\n')
     fake_torchrun.chmod(0o755)
-    monkeypatch.setattr(launcher, "visible_gpu_count", lambda: 4)
+    monkeypatch.setattr(launcher, "visible_gpu_count", lambda environ=None: 4)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     result = launch("s.py", nproc=2, nnodes=2, timeout=30, capture=True,
                     torchrun=str(fake_torchrun))

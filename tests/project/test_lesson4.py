@@ -99,8 +99,8 @@ def test_collectives_on_three_ranks_match_the_model():
                     echo=False, cwd=str(ROOT))
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     out = result.stdout
-    assert "check: 14 of 14 results match the model" in out
-    assert re.search(r"^summary: world_size=3 backend=gloo collectives=14 matches_model=14/14 ",
+    assert "check: 15 of 15 results match the model" in out
+    assert re.search(r"^summary: world_size=3 backend=gloo collectives=15 matches_model=15/15 ",
                      out, re.M)
     tables = sections(out)
     assert tables["broadcast: dist.broadcast(x, src=0)"] == [
