@@ -18,6 +18,26 @@ def ex():
     return load_exercises(1)
 
 
+@pytest.fixture(autouse=True)
+def no_course_answer(request, monkeypatch):
+    """ddpcourse.topology.layout is the course's own answer (it draws the diagrams): an
+    exercise that calls it, under any name, fails."""
+    import ddpcourse.topology as topology
+
+    answer = topology.layout
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("ddpcourse.topology.layout is the course's answer: write the "
+                             "arithmetic yourself")
+
+    monkeypatch.setattr(topology, "layout", refuse)
+    if "ex" in request.fixturenames:
+        exercises = request.getfixturevalue("ex")
+        for name, value in list(vars(exercises).items()):
+            if value is answer:
+                monkeypatch.setattr(exercises, name, refuse)
+
+
 # --- l1_global_rank -----------------------------------------------------------------------
 
 @pytest.mark.l1_global_rank

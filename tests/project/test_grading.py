@@ -156,3 +156,33 @@ def test_student_release_has_no_solutions_and_its_grader_runs(tmp_path):
     asked = run([PYTHON, "-m", "ddpcourse.grading", "grade", "--lesson", "1", "--impl",
                  "solutions"], cwd=release, timeout=100)
     assert "has no solutions" in asked.stdout + asked.stderr
+
+
+# Right answers taken from where the exercise says not to look: each must score zero.
+BORROWED = {
+    1: ("l1_rank_layout", "from ddpcourse.topology import layout as rank_layout\n",
+        "ddpcourse.topology.layout is the course's answer"),
+    3: ("l3_sampler_indices", '''
+def sampler_indices(length, world_size, rank, shuffle=True, seed=0, epoch=0, drop_last=False):
+    from torch.utils.data import DistributedSampler
+    sampler = DistributedSampler(range(length), world_size, rank, shuffle=shuffle, seed=seed,
+                                 drop_last=drop_last)
+    sampler.set_epoch(epoch)
+    return list(sampler)
+''', "sampler_indices asked DistributedSampler"),
+}
+
+
+@pytest.mark.parametrize("lesson", sorted(BORROWED))
+def test_answers_borrowed_from_the_course_or_torch_score_zero(tmp_path, lesson):
+    marker, override, message = BORROWED[lesson]
+    folder = tmp_path / f"lesson{lesson}"
+    folder.mkdir()
+    solutions = (ROOT / "solutions" / f"lesson{lesson}" / "exercises.py").read_text()
+    (folder / "exercises.py").write_text(solutions + "\n" + override)
+    result = run([PYTHON, "-m", "pytest", f"tests/grading/test_lesson{lesson}.py", "-m", marker,
+                  "-q", "-p", "no:cacheprovider"], env={"COURSE_SUBMISSION": str(tmp_path)},
+                 timeout=100)
+    assert result.returncode == 1, result.stdout[-2000:]
+    assert " passed" not in result.stdout.splitlines()[-1], result.stdout[-2000:]
+    assert message in result.stdout
