@@ -56,8 +56,9 @@ lesson3: ## DDP with torchrun on NPROC x NNODES, then mp.spawn [ARGS="--batch-si
 	@$(CHECK)
 	@$(MAKE) --no-print-directory setup
 	@$(LAUNCH) scripts/lesson3_ddp.py $(ARGS)
-	@echo '$$ $(VPY) scripts/lesson3_ddp_spawn.py --nproc $(NPROC) $(ARGS)'
-	@$(VPY) scripts/lesson3_ddp_spawn.py --nproc '$(NPROC)' $(ARGS)
+	@# mp.spawn starts every process on this one machine: NPROC x NNODES of them
+	@echo "\$$ $(VPY) scripts/lesson3_ddp_spawn.py --nproc $$(( $(NPROC) * $(NNODES) )) $(ARGS)"
+	@$(VPY) scripts/lesson3_ddp_spawn.py --nproc "$$(( $(NPROC) * $(NNODES) ))" $(ARGS)
 
 check-ddp: ## DDP on NPROC processes reproduces one-process training (and BatchNorm does not)
 	@$(CHECK)
