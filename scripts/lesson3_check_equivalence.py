@@ -108,7 +108,8 @@ def main():
     dist.gather_object(mine, shares, dst=0)
 
     # Dropout draws random masks: one process draws them for the whole batch from one
-    # stream, each DDP process for its share from its own, so the masks differ.
+    # stream, each DDP process for its share from its own, so the masks differ. Both runs
+    # start their streams from the same seed, so on one process the masks are the same.
     # BatchNorm normalises with the mean and variance of the samples it sees: under DDP each
     # process sees batch-size / W of them, so its gradients are not those of the one-process
     # run, and the BatchNorm model differs. SyncBatchNorm computes the statistics over all
@@ -131,6 +132,7 @@ def main():
             rows.append({"model": label, "normalisation": norm, "max |DDP - one process|": "-",
                          "ranks agree": "-", "verdict": f"refused: {refused}"})
             continue
+        torch.manual_seed(args.seed)  # the dropout masks' stream, as for the lone run below
         train(ddp_model, [train_set[idx] for idx in mine], args.lr, device)
 
         final = flat(ddp_model.module)
@@ -139,6 +141,7 @@ def main():
         if rank == 0:
             alone = create_model(name, NUM_CLASSES["digits"], **options).to(device)
             alone.load_state_dict(start)
+            torch.manual_seed(args.seed)
             whole = [sum((share[k] for share in shares), []) for k in range(args.steps)]
             train(alone, [train_set[idx] for idx in whole], args.lr, device)
             reference = flat(alone)
