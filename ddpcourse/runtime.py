@@ -6,6 +6,14 @@ import os
 import sys
 from typing import NoReturn
 
+# DDP imports torch.distributed.nn, whose functions take `group=group.WORLD` as a default
+# argument, bound when the module is first imported. Imported after init_process_group, it
+# keeps the world group alive past destroy_process_group, and gloo's worker threads with it;
+# they may then free a collective's tensors while Python shuts down, which aborts the process
+# ("terminate called without an active exception", about 1 run in 20 here). Imported now,
+# before any group exists, it binds None, and destroy_process_group really ends the group.
+import torch.distributed.nn  # noqa: F401
+
 from ddpcourse.launch import free_port
 
 

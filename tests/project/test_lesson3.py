@@ -1,11 +1,13 @@
 """Lesson 3: DDP under torchrun and under mp.spawn trains, with an odd world size; it
 reproduces one-process training on 2 and 4 processes (and BatchNorm makes it differ);
-bad batch sizes are one-line errors from every way of starting it.
+bad batch sizes are one-line errors from every way of starting it; destroy_process_group
+really ends the gloo group after DDP (else an exit may abort).
 
 Launches are the expensive part here (every process imports torch and timm), so each test
 launches as few as it can: odd world sizes in the DDP equivalence are covered by the
 grading of l3_ddp_step (2 and 3 processes, against one-process training)."""
 
+import os
 import re
 
 import pytest
@@ -125,3 +127,36 @@ def test_ddp_reproduces_one_process_training_and_batchnorm_does_not():
         assert float(s["bn_max_diff"]) > 1e-3, (nproc, s)
         assert float(s["dropout_max_diff"]) > 1e-3, (nproc, s)  # other random masks
         assert s["equivalent"] == "yes"
+
+
+# With the course's scripts' imports, destroy_process_group must end gloo's worker threads.
+# Left alive (torch.distributed.nn imported after init keeps the world group referenced),
+# they free tensors during interpreter shutdown and abort about 1 run in 20.
+DESTROY_ENDS_THE_GROUP = """
+import os
+import torch, torch.distributed as dist
+import ddpcourse.runtime  # what every script imports before init_process_group
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+def threads():
+    return len(os.listdir("/proc/self/task"))
+
+def main():  # shaped like the scripts' main(): the model goes when it returns
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    model = DDP(torch.nn.Linear(3, 3))
+    model(torch.ones(2, 3)).sum().backward()
+    dist.destroy_process_group()
+
+before = threads()
+main()
+print(f"threads before {before}, after main {threads()}")
+"""
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads in /proc")
+def test_destroy_process_group_ends_gloo_threads_after_ddp():
+    result = run([PYTHON, "-c", DESTROY_ENDS_THE_GROUP], timeout=60,
+                 env={"OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stderr
+    before, after = map(int, re.findall(r"\d+", result.stdout))
+    assert after == before, result.stdout
