@@ -10,6 +10,9 @@ from pathlib import Path
 
 import pytest
 
+# Before any test makes a process group (some build DDP in this process): see the comment
+# on the import of torch.distributed.nn there.
+import ddpcourse.runtime  # noqa: F401
 from ddpcourse.grading import ScoreKeeper
 
 # A test that sets no timeout of its own gets this many seconds: a student's endless loop
