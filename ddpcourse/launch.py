@@ -197,7 +197,7 @@ class AgentErrorFilter:
             if line.startswith("=====") and self.failure.get("_opened"):
                 self.emit(f"error: the job failed: rank {self.failure.get('rank', '?')} exited "
                           f"with code {self.failure.get('exitcode', '?')} first "
-                          "(its own message is above)\n")
+                          "(the workers' own messages are above)\n")
                 self.swallowing, self.failure = False, {}
             elif line.startswith("====="):
                 self.failure["_opened"] = "yes"

@@ -6,7 +6,6 @@
     make lesson1 NNODES=2 NPROC=2     # two simulated nodes: two torchrun agents on this machine
 """
 
-import argparse
 import os
 import socket
 import time
@@ -17,13 +16,14 @@ os.environ.setdefault("MPLBACKEND", "Agg")  # draw to a file; no screen needed
 import torch
 import torch.distributed as dist
 
+from ddpcourse.cli import ArgumentParser
 from ddpcourse.report import format_table, summary_line
 from ddpcourse.runtime import pick_device, world_of_one_unless_launched
 from ddpcourse.topology import Process, draw
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--picture", default="runs/lesson1_job.png",
                         help="where rank 0 saves the diagram of this job")
     parser.add_argument("--timeout", type=float, default=60,

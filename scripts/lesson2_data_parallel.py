@@ -7,7 +7,6 @@ It is lesson2_single_device.py plus the DataParallel wrapper:
     diff scripts/lesson2_single_device.py scripts/lesson2_data_parallel.py
 """
 
-import argparse
 import os
 import time
 from pathlib import Path
@@ -17,6 +16,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
+from ddpcourse.cli import ArgumentParser
 from ddpcourse.data import DATASETS, NUM_CLASSES, load_datasets
 from ddpcourse.models import create_model
 from ddpcourse.report import summary_line
@@ -28,7 +28,7 @@ BASE_LR, BASE_BATCH = 0.1, 256
 
 
 def parse_args():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dataset", choices=DATASETS, default="digits")
     parser.add_argument("--data-dir", default="data", help="where cifar10 looks for its files")
     parser.add_argument("--image-size", type=int, default=None,

@@ -10,13 +10,13 @@ The single-device run is lesson2_single_device.py under plain python; the others
 lesson3_ddp.py under torchrun, with the CPU cores shared out among the processes.
 """
 
-import argparse
 import re
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from ddpcourse.cli import ArgumentParser
 from ddpcourse.launch import LaunchError, launch, visible_gpu_count
 from ddpcourse.report import format_table, summary_line
 
@@ -56,7 +56,7 @@ def run_once(nproc: int | None, script_args: list[str], timeout: float) -> tuple
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=8)
     parser.add_argument("--model", default="test_resnet")
     parser.add_argument("--nprocs", type=int, nargs="+", default=None,

@@ -9,7 +9,6 @@ starting model alone on the whole global batches, in the same order, and prints 
 difference. Without BatchNorm the two agree to float rounding; with BatchNorm they do not.
 """
 
-import argparse
 import copy
 import os
 import sys
@@ -23,6 +22,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import BatchSampler, DistributedSampler
 
+from ddpcourse.cli import ArgumentParser
 from ddpcourse.data import NUM_CLASSES, load_datasets
 from ddpcourse.models import create_model
 from ddpcourse.report import format_table, summary_line
@@ -30,7 +30,7 @@ from ddpcourse.runtime import pick_device, world_of_one_unless_launched
 
 
 def parse_args():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="test_vit",
                         help="a timm model without BatchNorm or dropout: DDP must match it")
     parser.add_argument("--bn-model", default="test_resnet",

@@ -7,7 +7,6 @@ It is lesson2_single_device.py plus the lines that make it distributed:
     diff scripts/lesson2_single_device.py scripts/lesson3_ddp.py
 """
 
-import argparse
 import os
 import sys
 import time
@@ -20,6 +19,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, Subset
 
+from ddpcourse.cli import ArgumentParser
 from ddpcourse.data import DATASETS, NUM_CLASSES, load_datasets
 from ddpcourse.models import create_model
 from ddpcourse.report import summary_line
@@ -31,7 +31,7 @@ BASE_LR, BASE_BATCH = 0.1, 256
 
 
 def parse_args():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dataset", choices=DATASETS, default="digits")
     parser.add_argument("--data-dir", default="data", help="where cifar10 looks for its files")
     parser.add_argument("--image-size", type=int, default=None,

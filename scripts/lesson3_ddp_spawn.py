@@ -13,7 +13,6 @@ and does more: the same command starts a job on many nodes (--nnodes, --node-ran
 restarts failed workers (--max-restarts), and the script runs under other launchers too.
 """
 
-import argparse
 import os
 import sys
 import time
@@ -27,6 +26,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, Subset
 
+from ddpcourse.cli import ArgumentParser
 from ddpcourse.data import DATASETS, NUM_CLASSES, load_datasets
 from ddpcourse.launch import free_port
 from ddpcourse.models import create_model
@@ -39,7 +39,7 @@ BASE_LR, BASE_BATCH = 0.1, 256
 
 
 def parse_args():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dataset", choices=DATASETS, default="digits")
     parser.add_argument("--data-dir", default="data", help="where cifar10 looks for its files")
     parser.add_argument("--image-size", type=int, default=None,

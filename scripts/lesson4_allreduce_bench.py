@@ -28,6 +28,8 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
+from ddpcourse.cli import ArgumentParser
+
 ROOT = Path(__file__).resolve().parent.parent
 UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 METHODS = ("all_reduce", "ring", "naive")
@@ -47,7 +49,7 @@ def human(n: int) -> str:
     return f"{n} B"
 
 
-parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+parser = ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--min-bytes", type=byte_count, default=byte_count("1K"))
 parser.add_argument("--max-bytes", type=byte_count, default=byte_count("256M"),
                     help="largest message (default 256M; 1M makes a quick run)")

@@ -10,7 +10,6 @@ prints one table per collective, and checks every result against the model in
 ddpcourse.collectives_draw, the one that draws the lesson's figures.
 """
 
-import argparse
 import os
 import time
 from datetime import timedelta
@@ -18,6 +17,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from ddpcourse.cli import ArgumentParser
 from ddpcourse.collectives_draw import NOT_DEFINED, describe, format_values, simulate, values
 from ddpcourse.report import format_table, summary_line
 from ddpcourse.runtime import pick_device, world_of_one_unless_launched
@@ -75,7 +75,7 @@ class Show:
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--timeout", type=float, default=60,
                         help="seconds a collective may wait before the job fails")
     args = parser.parse_args()

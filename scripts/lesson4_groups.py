@@ -9,7 +9,6 @@ must call new_group for every group, in the same order, even for groups it is no
 creating a group is itself a collective step of the whole world.
 """
 
-import argparse
 import os
 import time
 from datetime import timedelta
@@ -17,12 +16,13 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from ddpcourse.cli import ArgumentParser
 from ddpcourse.report import format_table, summary_line
 from ddpcourse.runtime import pick_device, world_of_one_unless_launched
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--timeout", type=float, default=60,
                         help="seconds a collective may wait before the job fails")
     args = parser.parse_args()

@@ -14,13 +14,14 @@ nccl's watchdog aborts the stuck processes after the timeout instead, with a mes
 the collective and its sequence number.)
 """
 
-import argparse
 import os
 import re
 import time
 from datetime import timedelta
 
-parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+from ddpcourse.cli import ArgumentParser
+
+parser = ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--timeout", type=float, default=5,
                     help="seconds a collective may wait before it fails (default 5)")
 parser.add_argument("--steps", type=int, default=3, help="training steps (default 3)")

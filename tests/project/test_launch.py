@@ -7,6 +7,7 @@ import time
 import pytest
 from util import PYTHON, ROOT, run
 
+from ddpcourse.cli import ArgumentParser
 from ddpcourse.launch import AgentErrorFilter, LaunchError, launch, torchrun_commands
 
 
@@ -66,7 +67,8 @@ def test_agent_traceback_becomes_one_line():
         f.feed(line)
     f.close()
     assert lines == worker + [
-        "error: the job failed: rank 3 exited with code 2 first (its own message is above)\n",
+        "error: the job failed: rank 3 exited with code 2 first "
+        "(the workers' own messages are above)\n",
         "after\n"]
 
 
@@ -149,3 +151,30 @@ def test_simulated_nodes_on_a_gpu_machine_get_their_own_gpus(tmp_path, monkeypat
     assert "CUDA_VISIBLE_DEVICES=2,3 " in capsys.readouterr().out  # the echoed command says so
     with pytest.raises(LaunchError, match="NPROC=3 x NNODES=2 processes but this machine has 4"):
         launch("s.py", nproc=3, nnodes=2, torchrun=str(fake_torchrun))
+
+
+@pytest.mark.parametrize("rank", [None, "0", "2"])
+def test_a_bad_option_is_one_line_from_rank_0_and_silence_elsewhere(rank, monkeypatch, capsys):
+    if rank is None:
+        monkeypatch.delenv("RANK", raising=False)  # plain python: a world of one
+    else:
+        monkeypatch.setenv("RANK", rank)
+    parser = ArgumentParser(prog="train.py")
+    parser.add_argument("--epochs", type=int, default=1)
+    with pytest.raises(SystemExit) as stopped:
+        parser.parse_args(["--epochs", "x"])
+    assert stopped.value.code == 2
+    printed = capsys.readouterr()
+    assert printed.out == ""
+    assert printed.err == ("" if rank == "2" else "train.py: error: argument --epochs: invalid "
+                           "int value: 'x' (--help lists the options)\n")
+
+
+@pytest.mark.timeout(120)
+def test_a_bad_option_under_torchrun_is_reported_once():
+    result = run(["make", "--no-print-directory", "lesson1", "NPROC=3", "ARGS=--bogus"],
+                 timeout=100)
+    assert result.returncode != 0
+    printed = result.stdout + result.stderr
+    assert printed.count("error: unrecognized arguments: --bogus") == 1, printed
+    assert "usage:" not in printed
