@@ -24,6 +24,7 @@ import re
 import subprocess
 import sys
 import time
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -194,10 +195,12 @@ def run_grading(lesson: int | None, out_dir: Path, impl: str = "student",
         env["COURSE_SUBMISSION"] = str(Path(submission).resolve())
     tests: dict[str, dict] = {}
     deselect: list[str] = []
+    junit_parts: list[Path] = []
     for attempt in itertools.count():
         results.unlink(missing_ok=True)
+        junit_parts.append(out_dir / f"junit.part{attempt}.xml")
         cmd = [sys.executable, "-m", "pytest", *grading_targets(lesson), "-q", "-rN",
-               "--tb=short", "--no-header", f"--junitxml={out_dir / 'junit.xml'}",
+               "--tb=short", "--no-header", f"--junitxml={junit_parts[-1]}",
                "-p", "no:cacheprovider",
                *[f"--deselect={d}" for d in deselect]]
         try:
@@ -220,7 +223,47 @@ def run_grading(lesson: int | None, out_dir: Path, impl: str = "student",
         deselect = [n for n, t in tests.items() if t["outcome"] != "not run"]
     results.write_text(json.dumps({"finished": True, "tests": tests,
                                    "scores": summarise(tests)}, indent=1))
+    merge_junit(junit_parts, tests, out_dir / "junit.xml")
     return tests
+
+
+def merge_junit(parts: list[Path], tests: dict[str, dict], target: Path) -> None:
+    """One JUnit file for the whole grading, a test case for every graded test.
+
+    The cases come from the child pytests' own files; a child that was killed wrote none, so
+    its tests are written here from the score keeper's records (the one that killed it as a
+    failure)."""
+    written = {}
+    for part in parts:
+        try:
+            for case in ET.parse(part).getroot().iter("testcase"):
+                path = case.get("classname", "").replace(".", "/")
+                written[f"{path}.py::{case.get('name')}"] = case
+        except (OSError, ET.ParseError):  # a child killed before it wrote its file
+            pass
+        part.unlink(missing_ok=True)
+    suite = ET.Element("testsuite", name="grading")
+    for nodeid, test in tests.items():
+        case = written.get(nodeid)
+        if case is None:
+            path, _, name = nodeid.rpartition("::")
+            case = ET.Element("testcase", name=name,
+                              classname=path.removesuffix(".py").replace("/", "."))
+            message = {"crashed": "killed the grading process",
+                       "failed": "failed (details lost with the killed grading process)",
+                       "not run": "not run"}.get(test["outcome"])
+            if test["outcome"] in ("crashed", "failed"):
+                ET.SubElement(case, "failure", message=message)
+            elif test["outcome"] in ("skipped", "not run"):
+                ET.SubElement(case, "skipped", message=message or "skipped")
+        suite.append(case)
+    cases = suite.findall("testcase")
+    for count, tag in (("failures", "failure"), ("errors", "error"), ("skipped", "skipped")):
+        suite.set(count, str(sum(case.find(tag) is not None for case in cases)))
+    suite.set("tests", str(len(cases)))
+    root = ET.Element("testsuites")
+    root.append(suite)
+    ET.ElementTree(root).write(target, encoding="utf-8", xml_declaration=True)
 
 
 def cmd_grade(args) -> int:

@@ -6,6 +6,7 @@ import json
 import re
 import shutil
 import tomllib
+from xml.etree import ElementTree
 
 import pytest
 from util import PYTHON, ROOT, run
@@ -100,6 +101,12 @@ def test_crashing_hanging_and_exiting_code_scores_zero_and_grading_finishes(tmp_
     assert "crashed" in {t["outcome"] for t in tests.values()}
     assert "killed the grading process" in result.stderr
     assert "TOTAL" in result.stdout
+    # the JUnit file covers every test of every restart, the crashed ones as failures
+    cases = list(ElementTree.parse(tmp_path / "out" / "junit.xml").iter("testcase"))
+    assert len(cases) == len(tests)
+    failed = {f"{c.get('classname').replace('.', '/')}.py::{c.get('name')}"
+              for c in cases if c.find("failure") is not None or c.find("error") is not None}
+    assert failed == {n for n, t in tests.items() if t["outcome"] in ("crashed", "failed")}
 
 
 @pytest.mark.timeout(240)
