@@ -17,7 +17,14 @@ SUBMISSIONS ?= submissions
 RELEASE ?= build/student-release
 
 ARGS    ?=
-OPTS    := --nproc '$(NPROC)' --nnodes '$(NNODES)' --port '$(PORT)' --timeout '$(TIMEOUT)'
+# Empty: the scripts pick from the hardware (nccl on GPUs, else gloo). gloo: the CPU even on
+# a GPU machine (the GPUs are hidden from every command). nccl: refuse to run without GPUs.
+BACKEND ?=
+ifeq ($(strip $(BACKEND)),gloo)
+export CUDA_VISIBLE_DEVICES :=
+endif
+OPTS    := --nproc '$(NPROC)' --nnodes '$(NNODES)' --port '$(PORT)' --timeout '$(TIMEOUT)' \
+           --backend '$(BACKEND)'
 # Checks NPROC/NNODES/PORT with the system Python before anything is installed or started.
 CHECK   := $(PYTHON) -m ddpcourse.launch --check $(OPTS)
 LAUNCH  := $(VPY) -m ddpcourse.launch $(OPTS)
@@ -25,7 +32,7 @@ LAUNCH  := $(VPY) -m ddpcourse.launch $(OPTS)
 .PHONY: help setup lesson1 lesson2 lesson3 check-ddp bench-ddp lesson4 lesson4-hang bench-allreduce bench test lint grade grade-class notebooks figures student-release clean
 
 help: ## list the targets
-	@echo "usage: make TARGET [NPROC=k] [NNODES=n] ..."
+	@echo "usage: make TARGET [NPROC=k] [NNODES=n] [BACKEND=gloo|nccl] [ARGS=...] ..."
 	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 18
 
 $(VENV)/.installed: requirements.txt
@@ -66,6 +73,7 @@ check-ddp: ## DDP on NPROC processes reproduces one-process training (and BatchN
 	@$(LAUNCH) scripts/lesson3_check_equivalence.py $(ARGS)
 
 bench-ddp: ## samples/s and wall time: one device vs DDP on 2 and 4 processes; start-up cost
+	@$(CHECK)
 	@$(MAKE) --no-print-directory setup
 	@echo '$$ $(VPY) scripts/lesson3_benchmark.py'
 	@$(VPY) scripts/lesson3_benchmark.py
@@ -89,6 +97,7 @@ lesson4-hang: ## failure drill: only rank 0 calls all_reduce; a 5 s timeout ends
 	@$(LAUNCH) scripts/lesson4_hang.py --timeout 5 --fixed
 
 bench-allreduce: ## all-reduce time, algbw, busbw from 1 KB to 256 MB on 2 and 4 processes
+	@$(CHECK)
 	@$(MAKE) --no-print-directory setup
 	@echo '$$ $(VPY) scripts/lesson4_allreduce_bench.py'
 	@$(VPY) scripts/lesson4_allreduce_bench.py

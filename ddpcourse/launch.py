@@ -319,14 +319,22 @@ def launch(
     capture: bool = False,
     echo: bool = True,
     torchrun: str | None = None,
+    backend: str = "",
 ) -> subprocess.CompletedProcess:
-    """Check, print and run a torchrun job on this machine. Used by make and by the tests."""
+    """Check, print and run a torchrun job on this machine. Used by make and by the tests.
+
+    backend: "" lets the scripts pick from the hardware (nccl on GPUs, else gloo); "gloo"
+    hides the GPUs, so they run on the CPU; "nccl" insists on GPUs.
+    """
+    check_backend(backend)
     if port is None:
         port = free_port()
     else:
         check_port_free(port)
     env = dict(os.environ if env is None else env)
-    gpus = visible_gpu_count(env)
+    if backend == "gloo":
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    gpus = 0 if backend == "gloo" else visible_gpu_count(env)
     if gpus and nproc * nnodes > gpus:
         where = f"NPROC={nproc}" + (f" x NNODES={nnodes}" if nnodes > 1 else "")
         raise LaunchError(
@@ -336,7 +344,7 @@ def launch(
     commands = torchrun_commands(
         script, script_args or [], nproc, nnodes, port, torchrun or default_torchrun()
     )
-    settings: dict[str, str] = {}
+    settings: dict[str, str] = {"CUDA_VISIBLE_DEVICES": ""} if backend == "gloo" else {}
     if "OMP_NUM_THREADS" not in env:
         # torchrun would pick 1 and print a warning; we share the cores out and say so.
         settings["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // (nproc * nnodes)))
@@ -362,12 +370,23 @@ def launch(
     return result
 
 
+def check_backend(backend: str) -> None:
+    """BACKEND is empty (from the hardware), gloo, or nccl on a machine that has GPUs."""
+    if backend not in ("", "gloo", "nccl"):
+        raise LaunchError(f"BACKEND={backend!r} is not a backend; use gloo or nccl, or leave it "
+                          "empty to pick from the hardware")
+    if backend == "nccl" and visible_gpu_count() == 0:
+        raise LaunchError("BACKEND=nccl needs NVIDIA GPUs and this machine has none (nccl "
+                          "runs on CUDA devices only); leave BACKEND empty for gloo on the CPU")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nproc", default="2", help="processes per node (NPROC)")
     parser.add_argument("--nnodes", default="1", help="simulated nodes on this machine (NNODES)")
     parser.add_argument("--port", default="", help="rendezvous port (PORT); free one if empty")
     parser.add_argument("--timeout", default="600", help="wall-clock limit in seconds")
+    parser.add_argument("--backend", default="", help="gloo, nccl, or empty (BACKEND)")
     parser.add_argument("--check", action="store_true", help="only check the arguments")
     parser.add_argument("script", nargs="?")
     parser.add_argument("script_args", nargs=argparse.REMAINDER)
@@ -377,13 +396,16 @@ def main(argv: list[str] | None = None) -> int:
         nnodes = positive_int("NNODES", args.nnodes, MAX_NNODES)
         timeout = positive_int("TIMEOUT", args.timeout, 24 * 3600)
         port = positive_int("PORT", args.port, 65535) if args.port.strip() else None
+        backend = args.backend.strip()
+        check_backend(backend)
         if args.check:
             return 0
         if not args.script:
             raise LaunchError("no script given")
         if not os.path.exists(args.script):
             raise LaunchError(f"script {args.script} does not exist")
-        result = launch(args.script, args.script_args, nproc, nnodes, port, timeout)
+        result = launch(args.script, args.script_args, nproc, nnodes, port, timeout,
+                        backend=backend)
     except LaunchError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -17,6 +17,9 @@ from ddpcourse.launch import AgentErrorFilter, LaunchError, launch, torchrun_com
     (["NPROC=abc"], "NPROC='abc' is not a whole number"),
     (["NNODES=0"], "NNODES=0 is out of range"),
     (["PORT=99999"], "PORT=99999 is out of range"),
+    (["BACKEND=mpi"], "BACKEND='mpi' is not a backend"),
+    # the tests hide any GPU (conftest.py), so this machine has none
+    (["BACKEND=nccl"], "BACKEND=nccl needs NVIDIA GPUs and this machine has none"),
 ])
 def test_bad_make_arguments_fail_before_anything_starts(args, message):
     started = time.monotonic()
@@ -151,6 +154,11 @@ def test_simulated_nodes_on_a_gpu_machine_get_their_own_gpus(tmp_path, monkeypat
     assert "CUDA_VISIBLE_DEVICES=2,3 " in capsys.readouterr().out  # the echoed command says so
     with pytest.raises(LaunchError, match="NPROC=3 x NNODES=2 processes but this machine has 4"):
         launch("s.py", nproc=3, nnodes=2, torchrun=str(fake_torchrun))
+    # BACKEND=gloo: the CPU, whatever the GPUs, so any number of processes
+    result = launch("s.py", nproc=3, nnodes=2, timeout=30, capture=True, backend="gloo",
+                    torchrun=str(fake_torchrun))
+    assert sorted(result.stdout.splitlines()) == [
+        "--node-rank=0 CUDA_VISIBLE_DEVICES=", "--node-rank=1 CUDA_VISIBLE_DEVICES="]
 
 
 @pytest.mark.parametrize("rank", [None, "0", "2"])
