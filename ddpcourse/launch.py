@@ -339,7 +339,7 @@ def launch(
         where = f"NPROC={nproc}" + (f" x NNODES={nnodes}" if nnodes > 1 else "")
         raise LaunchError(
             f"{where} processes but this machine has {gpus} GPU(s): one process per GPU, so "
-            f"use at most {gpus} (or CUDA_VISIBLE_DEVICES= to run on the CPU with gloo)"
+            f"use at most {gpus} (or BACKEND=gloo to run on the CPU)"
         )
     commands = torchrun_commands(
         script, script_args or [], nproc, nnodes, port, torchrun or default_torchrun()
