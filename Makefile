@@ -22,6 +22,7 @@ ARGS    ?=
 BACKEND ?=
 ifeq ($(strip $(BACKEND)),gloo)
 export CUDA_VISIBLE_DEVICES :=
+HIDDEN  := CUDA_VISIBLE_DEVICES= 
 endif
 OPTS    := --nproc '$(NPROC)' --nnodes '$(NNODES)' --port '$(PORT)' --timeout '$(TIMEOUT)' \
            --backend '$(BACKEND)'
@@ -54,9 +55,9 @@ lesson1: ## nodes, ranks, world size: whoami on NPROC processes x NNODES simulat
 lesson2: ## one device, then DataParallel (one process, one thread per GPU): the same training
 	@$(CHECK)
 	@$(MAKE) --no-print-directory setup
-	@echo '$$ $(VPY) scripts/lesson2_single_device.py $(ARGS)'
+	@echo '$$ $(HIDDEN)$(VPY) scripts/lesson2_single_device.py $(ARGS)'
 	@$(VPY) scripts/lesson2_single_device.py $(ARGS)
-	@echo '$$ $(VPY) scripts/lesson2_data_parallel.py $(ARGS)'
+	@echo '$$ $(HIDDEN)$(VPY) scripts/lesson2_data_parallel.py $(ARGS)'
 	@$(VPY) scripts/lesson2_data_parallel.py $(ARGS)
 
 lesson3: ## DDP with torchrun on NPROC x NNODES, then mp.spawn [ARGS="--batch-size 255"]
@@ -64,7 +65,7 @@ lesson3: ## DDP with torchrun on NPROC x NNODES, then mp.spawn [ARGS="--batch-si
 	@$(MAKE) --no-print-directory setup
 	@$(LAUNCH) scripts/lesson3_ddp.py $(ARGS)
 	@# mp.spawn starts every process on this one machine: NPROC x NNODES of them
-	@echo "\$$ $(VPY) scripts/lesson3_ddp_spawn.py --nproc $$(( $(NPROC) * $(NNODES) )) $(ARGS)"
+	@echo "\$$ $(HIDDEN)$(VPY) scripts/lesson3_ddp_spawn.py --nproc $$(( $(NPROC) * $(NNODES) )) $(ARGS)"
 	@$(VPY) scripts/lesson3_ddp_spawn.py --nproc "$$(( $(NPROC) * $(NNODES) ))" $(ARGS)
 
 check-ddp: ## DDP on NPROC processes reproduces one-process training (and BatchNorm does not)
@@ -75,7 +76,7 @@ check-ddp: ## DDP on NPROC processes reproduces one-process training (and BatchN
 bench-ddp: ## samples/s and wall time: one device vs DDP on 2 and 4 processes; start-up cost
 	@$(CHECK)
 	@$(MAKE) --no-print-directory setup
-	@echo '$$ $(VPY) scripts/lesson3_benchmark.py'
+	@echo '$$ $(HIDDEN)$(VPY) scripts/lesson3_benchmark.py'
 	@$(VPY) scripts/lesson3_benchmark.py
 
 lesson4: ## collectives and process groups: every collective, then groups, on NPROC x NNODES
@@ -99,7 +100,7 @@ lesson4-hang: ## failure drill: only rank 0 calls all_reduce; a 5 s timeout ends
 bench-allreduce: ## all-reduce time, algbw, busbw from 1 KB to 256 MB on 2 and 4 processes
 	@$(CHECK)
 	@$(MAKE) --no-print-directory setup
-	@echo '$$ $(VPY) scripts/lesson4_allreduce_bench.py'
+	@echo '$$ $(HIDDEN)$(VPY) scripts/lesson4_allreduce_bench.py'
 	@$(VPY) scripts/lesson4_allreduce_bench.py
 
 bench: bench-ddp bench-allreduce ## every benchmark: DDP throughput, then all-reduce cost

@@ -227,36 +227,44 @@ def run_grading(lesson: int | None, out_dir: Path, impl: str = "student",
     return tests
 
 
+def junit_address(nodeid: str) -> tuple[str, str]:
+    """(classname, name) of a test in pytest's JUnit file: tests/a.py::C::t -> (tests.a.C, t)."""
+    *path, name = nodeid.split("::")
+    path[0] = path[0].removesuffix(".py").replace("/", ".")
+    return ".".join(path), name
+
+
 def merge_junit(parts: list[Path], tests: dict[str, dict], target: Path) -> None:
     """One JUnit file for the whole grading, a test case for every graded test.
 
     The cases come from the child pytests' own files; a child that was killed wrote none, so
     its tests are written here from the score keeper's records (the one that killed it as a
-    failure)."""
-    written = {}
+    failure). Cases the records do not know (a grading file that failed to import) are kept.
+    """
+    written: dict[tuple[str, str], ET.Element] = {}
     for part in parts:
         try:
             for case in ET.parse(part).getroot().iter("testcase"):
-                path = case.get("classname", "").replace(".", "/")
-                written[f"{path}.py::{case.get('name')}"] = case
+                written[(case.get("classname", ""), case.get("name", ""))] = case
         except (OSError, ET.ParseError):  # a child killed before it wrote its file
             pass
         part.unlink(missing_ok=True)
     suite = ET.Element("testsuite", name="grading")
     for nodeid, test in tests.items():
-        case = written.get(nodeid)
+        classname, name = junit_address(nodeid)
+        case = written.pop((classname, name), None)
         if case is None:
-            path, _, name = nodeid.rpartition("::")
-            case = ET.Element("testcase", name=name,
-                              classname=path.removesuffix(".py").replace("/", "."))
-            message = {"crashed": "killed the grading process",
-                       "failed": "failed (details lost with the killed grading process)",
-                       "not run": "not run"}.get(test["outcome"])
-            if test["outcome"] in ("crashed", "failed"):
-                ET.SubElement(case, "failure", message=message)
-            elif test["outcome"] in ("skipped", "not run"):
-                ET.SubElement(case, "skipped", message=message or "skipped")
+            case = ET.Element("testcase", classname=classname, name=name)
+            outcome = test["outcome"]
+            if outcome == "crashed":
+                ET.SubElement(case, "failure", message="killed the grading process")
+            elif outcome == "failed":
+                ET.SubElement(case, "failure",
+                              message="failed (details lost with the killed grading process)")
+            elif outcome in ("skipped", "not run"):
+                ET.SubElement(case, "skipped", message=outcome)
         suite.append(case)
+    suite.extend(written.values())
     cases = suite.findall("testcase")
     for count, tag in (("failures", "failure"), ("errors", "error"), ("skipped", "skipped")):
         suite.set(count, str(sum(case.find(tag) is not None for case in cases)))

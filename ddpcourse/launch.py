@@ -326,12 +326,12 @@ def launch(
     backend: "" lets the scripts pick from the hardware (nccl on GPUs, else gloo); "gloo"
     hides the GPUs, so they run on the CPU; "nccl" insists on GPUs.
     """
-    check_backend(backend)
+    env = dict(os.environ if env is None else env)
+    check_backend(backend, env)
     if port is None:
         port = free_port()
     else:
         check_port_free(port)
-    env = dict(os.environ if env is None else env)
     if backend == "gloo":
         env["CUDA_VISIBLE_DEVICES"] = ""
     gpus = 0 if backend == "gloo" else visible_gpu_count(env)
@@ -370,14 +370,14 @@ def launch(
     return result
 
 
-def check_backend(backend: str) -> None:
-    """BACKEND is empty (from the hardware), gloo, or nccl on a machine that has GPUs."""
+def check_backend(backend: str, environ: dict | None = None) -> None:
+    """BACKEND is empty (from the hardware), gloo, or nccl where GPUs are visible."""
     if backend not in ("", "gloo", "nccl"):
         raise LaunchError(f"BACKEND={backend!r} is not a backend; use gloo or nccl, or leave it "
                           "empty to pick from the hardware")
-    if backend == "nccl" and visible_gpu_count() == 0:
-        raise LaunchError("BACKEND=nccl needs NVIDIA GPUs and this machine has none (nccl "
-                          "runs on CUDA devices only); leave BACKEND empty for gloo on the CPU")
+    if backend == "nccl" and visible_gpu_count(environ) == 0:
+        raise LaunchError("BACKEND=nccl needs NVIDIA GPUs and none is visible here (nccl runs "
+                          "on CUDA devices only); leave BACKEND empty for gloo on the CPU")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,15 +12,15 @@ from typing import NoReturn
 # they may then free a collective's tensors while Python shuts down, which aborts the process
 # ("terminate called without an active exception", about 1 run in 20 here). Imported now,
 # before any group exists, it binds None, and destroy_process_group really ends the group.
+import torch
 import torch.distributed.nn  # noqa: F401
 
+from ddpcourse.cli import exit_after_rank_0
 from ddpcourse.launch import free_port
 
 
 def pick_device(local_rank: int = 0):
     """(device, backend) from the hardware: a GPU per process with nccl, else the CPU with gloo."""
-    import torch
-
     if torch.cuda.is_available():
         return torch.device("cuda", local_rank), "nccl"
     return torch.device("cpu"), "gloo"
@@ -51,12 +51,10 @@ def world_of_one_unless_launched(how_to_launch: str) -> bool:
 def fail(message: str) -> NoReturn:
     """Stop with a one-line `error: ...` and exit status 1, instead of a traceback.
 
-    In a job with a process group only rank 0 prints the line (every rank exits 1), so a
-    problem that all ranks meet, such as a missing dataset, is reported once.
+    A problem that all ranks meet, such as a missing dataset, is reported once, by rank 0
+    (see ddpcourse.cli.exit_after_rank_0).
     """
-    quiet = False
-    if "torch" in sys.modules:
-        import torch.distributed as dist
+    import torch.distributed as dist
 
-        quiet = dist.is_available() and dist.is_initialized() and dist.get_rank() != 0
-    raise SystemExit(1 if quiet else f"error: {message}")
+    rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else None
+    exit_after_rank_0(f"error: {message}", 1, rank)

@@ -11,7 +11,7 @@ from xml.etree import ElementTree
 import pytest
 from util import PYTHON, ROOT, run
 
-from ddpcourse.grading import run_grading, summarise
+from ddpcourse.grading import junit_address, run_grading, summarise
 
 # These are the instructor's checks of the grader itself; a student copy has no solutions.
 pytestmark = pytest.mark.skipif(not (ROOT / "solutions").is_dir(),
@@ -102,11 +102,18 @@ def test_crashing_hanging_and_exiting_code_scores_zero_and_grading_finishes(tmp_
     assert "killed the grading process" in result.stderr
     assert "TOTAL" in result.stdout
     # the JUnit file covers every test of every restart, the crashed ones as failures
-    cases = list(ElementTree.parse(tmp_path / "out" / "junit.xml").iter("testcase"))
-    assert len(cases) == len(tests)
-    failed = {f"{c.get('classname').replace('.', '/')}.py::{c.get('name')}"
-              for c in cases if c.find("failure") is not None or c.find("error") is not None}
-    assert failed == {n for n, t in tests.items() if t["outcome"] in ("crashed", "failed")}
+    cases = {junit_address(n): None for n in tests}
+    for case in ElementTree.parse(tmp_path / "out" / "junit.xml").iter("testcase"):
+        cases[(case.get("classname"), case.get("name"))] = case
+    assert len(cases) == len(tests) and None not in cases.values()
+    for nodeid, test in tests.items():
+        case = cases[junit_address(nodeid)]
+        failure = case.find("failure")
+        assert (failure is not None) == (test["outcome"] in ("crashed", "failed")), nodeid
+        if test["outcome"] == "crashed":
+            assert failure.get("message") == "killed the grading process"
+        if test["outcome"] == "failed":  # ran in the last child, which wrote pytest's details
+            assert case.get("time") and "details lost" not in failure.get("message"), nodeid
 
 
 @pytest.mark.timeout(240)

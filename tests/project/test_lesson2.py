@@ -65,24 +65,26 @@ def test_digits_are_offline_fixed_and_shaped_for_timm():
                                                    174, 180]
 
 
-def one_line_exit(call) -> str:
+def one_line_exit(call, capsys) -> str:
     with pytest.raises(SystemExit) as stop:
         call()
-    message = str(stop.value.code)
-    assert message.startswith("error: ") and "\n" not in message
-    return message
+    assert stop.value.code == 1
+    message = capsys.readouterr().err
+    assert message.startswith("error: ") and message.count("\n") == 1, message
+    return message.rstrip("\n")
 
 
-def test_missing_cifar10_unknown_model_and_bad_size_are_one_line_errors(tmp_path):
+def test_missing_cifar10_unknown_model_and_bad_size_are_one_line_errors(tmp_path, capsys):
     from ddpcourse.data import load_datasets
     from ddpcourse.models import create_model
 
-    message = one_line_exit(lambda: load_datasets("cifar10", str(tmp_path)))
+    message = one_line_exit(lambda: load_datasets("cifar10", str(tmp_path)), capsys)
     assert str(tmp_path) in message and "cifar-10-batches-py" in message
     assert not list(tmp_path.iterdir())  # nothing was downloaded
     assert "no model called 'resnet_9000'" in one_line_exit(
-        lambda: create_model("resnet_9000", 10))
-    assert "--image-size 4" in one_line_exit(lambda: load_datasets("digits", image_size=4))
+        lambda: create_model("resnet_9000", 10), capsys)
+    assert "--image-size 4" in one_line_exit(lambda: load_datasets("digits", image_size=4),
+                                              capsys)
 
 
 def test_pretrained_weights_come_from_the_local_cache(tmp_path, monkeypatch):
