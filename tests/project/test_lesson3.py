@@ -89,6 +89,13 @@ def test_batch_that_does_not_split_is_a_one_line_error_on_every_path():
     assert len(errors) == 2 and errors[1].startswith("error: the job failed: rank")
     assert "Traceback" not in result.stderr
     assert "summary:" not in result.stdout
+    # torchrun, 3 processes, data that is not there: every rank meets it, rank 0 alone says so
+    result = launch("scripts/lesson3_ddp.py", ["--batch-size", "255", "--dataset", "cifar10",
+                                               "--data-dir", "/no/such/folder"],
+                    nproc=3, timeout=120, cwd=str(ROOT), capture=True, echo=False)
+    errors = [line for line in result.stderr.splitlines() if "error" in line.split(":")[0]]
+    assert errors[0].startswith("error: CIFAR-10 is not in /no/such/folder"), result.stderr
+    assert len(errors) == 2 and "rank 0 exited with code 1 first" in errors[1], result.stderr
     # mp.spawn, a global batch smaller than the world: refused before any process starts
     result = run([PYTHON, "scripts/lesson3_ddp_spawn.py", "--nproc", "4", "--batch-size", "2"],
                  timeout=60)
