@@ -18,11 +18,11 @@ RELEASE ?= build/student-release
 
 ARGS    ?=
 # Empty: the scripts pick from the hardware (nccl on GPUs, else gloo). gloo: the CPU even on
-# a GPU machine (the GPUs are hidden from every command). nccl: refuse to run without GPUs.
+# a GPU machine (the launcher hides the GPUs from torchrun jobs, HIDDEN from the commands
+# make runs itself). nccl: refuse to run without GPUs.
 BACKEND ?=
 ifeq ($(strip $(BACKEND)),gloo)
-export CUDA_VISIBLE_DEVICES :=
-HIDDEN  := CUDA_VISIBLE_DEVICES= 
+HIDDEN  := CUDA_VISIBLE_DEVICES= # (ends in a space: it prefixes a command)
 endif
 OPTS    := --nproc '$(NPROC)' --nnodes '$(NNODES)' --port '$(PORT)' --timeout '$(TIMEOUT)' \
            --backend '$(BACKEND)'
@@ -56,9 +56,9 @@ lesson2: ## one device, then DataParallel (one process, one thread per GPU): the
 	@$(CHECK)
 	@$(MAKE) --no-print-directory setup
 	@echo '$$ $(HIDDEN)$(VPY) scripts/lesson2_single_device.py $(ARGS)'
-	@$(VPY) scripts/lesson2_single_device.py $(ARGS)
+	@$(HIDDEN)$(VPY) scripts/lesson2_single_device.py $(ARGS)
 	@echo '$$ $(HIDDEN)$(VPY) scripts/lesson2_data_parallel.py $(ARGS)'
-	@$(VPY) scripts/lesson2_data_parallel.py $(ARGS)
+	@$(HIDDEN)$(VPY) scripts/lesson2_data_parallel.py $(ARGS)
 
 lesson3: ## DDP with torchrun on NPROC x NNODES, then mp.spawn [ARGS="--batch-size 255"]
 	@$(CHECK)
@@ -66,7 +66,7 @@ lesson3: ## DDP with torchrun on NPROC x NNODES, then mp.spawn [ARGS="--batch-si
 	@$(LAUNCH) scripts/lesson3_ddp.py $(ARGS)
 	@# mp.spawn starts every process on this one machine: NPROC x NNODES of them
 	@echo "\$$ $(HIDDEN)$(VPY) scripts/lesson3_ddp_spawn.py --nproc $$(( $(NPROC) * $(NNODES) )) $(ARGS)"
-	@$(VPY) scripts/lesson3_ddp_spawn.py --nproc "$$(( $(NPROC) * $(NNODES) ))" $(ARGS)
+	@$(HIDDEN)$(VPY) scripts/lesson3_ddp_spawn.py --nproc "$$(( $(NPROC) * $(NNODES) ))" $(ARGS)
 
 check-ddp: ## DDP on NPROC processes reproduces one-process training (and BatchNorm does not)
 	@$(CHECK)
@@ -77,7 +77,7 @@ bench-ddp: ## samples/s and wall time: one device vs DDP on 2 and 4 processes; s
 	@$(CHECK)
 	@$(MAKE) --no-print-directory setup
 	@echo '$$ $(HIDDEN)$(VPY) scripts/lesson3_benchmark.py'
-	@$(VPY) scripts/lesson3_benchmark.py
+	@$(HIDDEN)$(VPY) scripts/lesson3_benchmark.py
 
 lesson4: ## collectives and process groups: every collective, then groups, on NPROC x NNODES
 	@$(CHECK)
@@ -101,7 +101,7 @@ bench-allreduce: ## all-reduce time, algbw, busbw from 1 KB to 256 MB on 2 and 4
 	@$(CHECK)
 	@$(MAKE) --no-print-directory setup
 	@echo '$$ $(HIDDEN)$(VPY) scripts/lesson4_allreduce_bench.py'
-	@$(VPY) scripts/lesson4_allreduce_bench.py
+	@$(HIDDEN)$(VPY) scripts/lesson4_allreduce_bench.py
 
 bench: bench-ddp bench-allreduce ## every benchmark: DDP throughput, then all-reduce cost
 

@@ -332,8 +332,6 @@ def launch(
         port = free_port()
     else:
         check_port_free(port)
-    if backend == "gloo":
-        env["CUDA_VISIBLE_DEVICES"] = ""
     gpus = 0 if backend == "gloo" else visible_gpu_count(env)
     if gpus and nproc * nnodes > gpus:
         where = f"NPROC={nproc}" + (f" x NNODES={nnodes}" if nnodes > 1 else "")
@@ -397,8 +395,8 @@ def main(argv: list[str] | None = None) -> int:
         timeout = positive_int("TIMEOUT", args.timeout, 24 * 3600)
         port = positive_int("PORT", args.port, 65535) if args.port.strip() else None
         backend = args.backend.strip()
-        check_backend(backend)
         if args.check:
+            check_backend(backend)  # launch() checks it otherwise
             return 0
         if not args.script:
             raise LaunchError("no script given")

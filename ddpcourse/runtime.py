@@ -13,6 +13,7 @@ from typing import NoReturn
 # ("terminate called without an active exception", about 1 run in 20 here). Imported now,
 # before any group exists, it binds None, and destroy_process_group really ends the group.
 import torch
+import torch.distributed as dist
 import torch.distributed.nn  # noqa: F401
 
 from ddpcourse.cli import exit_after_rank_0
@@ -54,7 +55,5 @@ def fail(message: str) -> NoReturn:
     A problem that all ranks meet, such as a missing dataset, is reported once, by rank 0
     (see ddpcourse.cli.exit_after_rank_0).
     """
-    import torch.distributed as dist
-
     rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else None
     exit_after_rank_0(f"error: {message}", 1, rank)

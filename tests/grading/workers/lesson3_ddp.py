@@ -16,12 +16,12 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
-import torch.distributed.nn  # noqa: F401  before init_process_group: see ddpcourse/runtime.py
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import TensorDataset
 
+import ddpcourse.runtime  # noqa: F401  before init_process_group: see the comment there
 from ddpcourse.grading import load_exercises
 
 TOLERANCE = 1e-5
