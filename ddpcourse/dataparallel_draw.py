@@ -95,3 +95,8 @@ def draw_data_parallel_step(gpus: int = 4, batch: int = 256):
                  f"(batch of {batch})", fontsize=10.5)
     fig.tight_layout()
     return fig
+
+
+def lesson_figures() -> dict:
+    """Lesson 2's figure: one DataParallel step on 4 GPUs."""
+    return {"data_parallel_step.png": draw_data_parallel_step(gpus=4, batch=256)}

@@ -186,6 +186,12 @@ def run_grading(lesson: int | None, out_dir: Path, impl: str = "student",
     If the child dies (a submission that calls os._exit, say), the test that was running
     scores zero and grading resumes after it, so one bad exercise never costs the others.
     Each crash uses up one test, so there are at most as many restarts as tests.
+
+    Why not pytest-xdist, which also restarts a crashed worker: its controller does not
+    collect, so the report of a test that killed its worker carries no exercise marker or
+    points, and the controller is one more process to start. Measured here for lesson 1:
+    3.8 s for a plain grading run, 7.4-8.3 s with `-n 1`. This loop costs a restart only
+    when a submission crashes.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     results = out_dir / "results.json"

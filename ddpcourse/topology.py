@@ -131,3 +131,15 @@ def draw(processes: list[Process], gpus_per_node: int | None = None, title: str 
                           "(R = global rank, L = local rank)", fontsize=10)
     fig.tight_layout()
     return fig
+
+
+def lesson_figures() -> dict:
+    """Lesson 1's figures: the two layouts of 2 nodes x 4 GPUs."""
+    return {
+        "two_nodes_one_gpu_per_process.png": draw(
+            layout(2, 4, 1), gpus_per_node=4,
+            title="2 nodes x 4 GPUs, 1 GPU per process: world size 8"),
+        "two_nodes_two_gpus_per_process.png": draw(
+            layout(2, 4, 2), gpus_per_node=4,
+            title="2 nodes x 4 GPUs, 2 GPUs per process: world size 4"),
+    }

@@ -8,3 +8,11 @@ the same everywhere. (The scripts' GPU path is exercised by running the lessons 
 import os
 
 os.environ["CUDA_VISIBLE_DEVICES"] = ""
+
+from ddpcourse.lessons import exercise_markers  # noqa: E402
+
+
+def pytest_configure(config):
+    # One marker per exercise, from the lessons' own lesson.toml (see ddpcourse/lessons.py).
+    for marker, text in exercise_markers().items():
+        config.addinivalue_line("markers", f"{marker}: {text}")

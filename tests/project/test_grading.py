@@ -5,13 +5,13 @@ import csv
 import json
 import re
 import shutil
-import tomllib
 from xml.etree import ElementTree
 
 import pytest
 from util import PYTHON, ROOT, run
 
 from ddpcourse.grading import junit_address, run_grading, summarise
+from ddpcourse.lessons import exercise_markers
 
 # These are the instructor's checks of the grader itself; a student copy has no solutions.
 pytestmark = pytest.mark.skipif(not (ROOT / "solutions").is_dir(),
@@ -26,9 +26,7 @@ def scores(tests):
 
 
 def registered_exercise_markers():
-    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    markers = config["tool"]["pytest"]["ini_options"]["markers"]
-    return {m.split(":")[0] for m in markers if re.match(r"l\d+_", m)}
+    return set(exercise_markers())
 
 
 @pytest.mark.timeout(400)

@@ -1,0 +1,207 @@
+"""The lessons, as each registers itself in lessons/lessonN/lesson.toml.
+
+A lesson's lesson.toml names its make targets and what they run, the function that draws its
+figures, and its graded exercises (one pytest marker each). The Makefile, the figure writer,
+pytest's marker list and the course's own tests all read it from here, so adding a lesson
+touches only that lesson's files (CONTRIBUTING.md has the checklist).
+
+    python -m ddpcourse.lessons targets [--bench]   the make targets, for the Makefile
+    python -m ddpcourse.lessons help                one line per target, for `make help`
+    python -m ddpcourse.lessons run TARGET --nproc 2 --nnodes 1 --port '' --timeout 600
+                                           --backend '' --args '--epochs 1'
+
+A step is "torchrun SCRIPT ARGS..." (started by ddpcourse.launch on NPROC x NNODES) or
+"python SCRIPT ARGS..." (one process); "{world}" in a step becomes NPROC x NNODES. Like
+ddpcourse.launch, this module uses only the standard library: it runs before .venv exists.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shlex
+import subprocess
+import sys
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+LESSONS = ROOT / "lessons"
+MARKER = re.compile(r"^l(\d+)_[a-z0-9_]+$")
+
+
+@dataclass
+class Step:
+    kind: str            # "torchrun" or "python"
+    command: list[str]   # script and its arguments, "{world}" not yet filled in
+    drill: str = ""      # a drill step: exit status 1 is the expected failure, and this says so
+
+
+@dataclass
+class Target:
+    name: str
+    help: str
+    steps: list[Step]
+    bench: bool = False  # part of `make bench`
+    args: bool = True    # ARGS reaches every step
+
+
+@dataclass
+class Lesson:
+    number: int
+    folder: Path
+    title: str
+    figures: str = ""    # "module:function" returning {file name: matplotlib Figure}
+    targets: dict[str, Target] = field(default_factory=dict)
+    exercises: dict[str, str] = field(default_factory=dict)  # marker -> what it grades
+
+
+class RegistrationError(Exception):
+    pass
+
+
+def parse_step(entry, where: str) -> Step:
+    if isinstance(entry, str):
+        entry = {"run": entry}
+    words = shlex.split(entry.get("run", ""))
+    if len(words) < 2 or words[0] not in ("torchrun", "python"):
+        raise RegistrationError(f"{where}: a step is 'torchrun SCRIPT ...' or 'python SCRIPT "
+                                f"...', not {entry.get('run')!r}")
+    return Step(words[0], words[1:], entry.get("drill", ""))
+
+
+def load_lesson(folder: Path) -> Lesson:
+    path = folder / "lesson.toml"
+    match = re.fullmatch(r"lesson(\d+)", folder.name)
+    if not match:
+        raise RegistrationError(f"{folder}: lesson folders are named lessonN")
+    try:
+        data = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as error:
+        raise RegistrationError(f"{path}: {error}") from None
+    number = int(match.group(1))
+    lesson = Lesson(number, folder, data.get("title", ""), data.get("figures", ""),
+                    exercises=dict(data.get("exercises", {})))
+    for name, spec in data.get("targets", {}).items():
+        steps = [parse_step(s, f"{path} [targets.{name}]") for s in spec.get("steps", [])]
+        lesson.targets[name] = Target(name, spec.get("help", ""), steps,
+                                      bench=spec.get("bench", False), args=spec.get("args", True))
+    for marker in lesson.exercises:
+        m = MARKER.match(marker)
+        if not m or int(m.group(1)) != number:
+            raise RegistrationError(f"{path}: exercise marker {marker!r} must be "
+                                    f"l{number}_<name> (lower case)")
+    return lesson
+
+
+def all_lessons() -> list[Lesson]:
+    """Every lessons/lessonN folder with a lesson.toml, in lesson order."""
+    folders = [p for p in LESSONS.glob("lesson*") if (p / "lesson.toml").exists()]
+    lessons = [load_lesson(p) for p in folders]
+    return sorted(lessons, key=lambda lesson: lesson.number)
+
+
+def all_targets() -> dict[str, Target]:
+    targets: dict[str, Target] = {}
+    for lesson in all_lessons():
+        for name, target in lesson.targets.items():
+            if name in targets:
+                raise RegistrationError(f"make target {name!r} is registered twice")
+            targets[name] = target
+    return targets
+
+
+def exercise_markers() -> dict[str, str]:
+    """marker -> 'lesson N, what it grades', for pytest's marker list."""
+    return {marker: f"lesson {lesson.number}, {text}"
+            for lesson in all_lessons() for marker, text in lesson.exercises.items()}
+
+
+# --- running a target ------------------------------------------------------------------------
+
+def shown(path: str) -> str:
+    """A path as a student would type it from the course folder."""
+    try:
+        return os.path.relpath(path)
+    except ValueError:
+        return path
+
+
+def run_python(command: list[str], timeout: float, backend: str) -> int:
+    env = dict(os.environ)
+    prefix = ""
+    if backend == "gloo":  # the CPU even on a GPU machine, as the torchrun steps do
+        env["CUDA_VISIBLE_DEVICES"] = ""
+        prefix = "CUDA_VISIBLE_DEVICES= "
+    print("$ " + prefix + shlex.join([shown(sys.executable), *command]), flush=True)
+    try:
+        return subprocess.run([sys.executable, *command], env=env, timeout=timeout).returncode
+    except subprocess.TimeoutExpired:
+        print(f"error: {command[0]} did not finish within {timeout:g} s and was stopped",
+              file=sys.stderr)
+        return 124
+    except KeyboardInterrupt:
+        return 130
+
+
+def run_target(target: Target, nproc: str, nnodes: str, port: str, timeout: str,
+               backend: str, extra: list[str]) -> int:
+    from ddpcourse import launch
+
+    opts = ["--nproc", nproc, "--nnodes", nnodes, "--port", port, "--timeout", timeout,
+            "--backend", backend]
+    world = int(nproc) * int(nnodes)  # checked by `launch --check` before make got here
+    for step in target.steps:
+        command = [word.replace("{world}", str(world)) for word in step.command]
+        command += extra if target.args else []
+        if step.kind == "torchrun":
+            rc = launch.main([*opts, *command])
+        else:
+            rc = run_python(command, float(timeout), backend)
+        if rc == 1 and step.drill:
+            print(step.drill, flush=True)
+        elif rc != 0:
+            return rc
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="The lessons' make targets.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    targets = sub.add_parser("targets", help="the target names, for the Makefile")
+    targets.add_argument("--bench", action="store_true", help="only the benchmarks")
+    sub.add_parser("help", help="one line per target")
+    run = sub.add_parser("run", help="run one target's steps")
+    run.add_argument("target")
+    for name, default in (("nproc", "2"), ("nnodes", "1"), ("port", ""), ("timeout", "600"),
+                          ("backend", ""), ("args", "")):
+        run.add_argument(f"--{name}", default=default)
+    args = parser.parse_args(argv)
+    try:
+        found = all_targets()
+    except RegistrationError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    if args.command == "targets":
+        print(" ".join(name for name, t in found.items() if t.bench or not args.bench))
+    elif args.command == "help":
+        for name, target in found.items():
+            print(f"{name:<18}{target.help}")
+    else:
+        if args.target not in found:
+            print(f"error: no lesson registers a target {args.target!r}", file=sys.stderr)
+            return 2
+        try:
+            extra = shlex.split(args.args)
+        except ValueError as error:
+            print(f"error: ARGS={args.args!r}: {error}", file=sys.stderr)
+            return 2
+        return run_target(found[args.target], args.nproc, args.nnodes, args.port,
+                          args.timeout, args.backend, extra)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
