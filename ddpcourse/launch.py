@@ -349,7 +349,7 @@ def launch(
             f"use at most {gpus} (or BACKEND=gloo to run on the CPU)"
         )
     cache = shared_job_cache(script, script_args, nproc, nnodes, backend, env, cwd, capture)
-    if cache is not None and cache.exists():
+    if cache is not None and os.path.exists(cache):
         return replay(cache, echo)
     commands = torchrun_commands(
         script, script_args or [], nproc, nnodes, port, torchrun or default_torchrun()
