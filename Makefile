@@ -65,6 +65,10 @@ test: setup ## lint, then the whole test suite (solutions full marks, stubs zero
 	$(VPY) -m ruff check .
 	$(VPY) -m pytest -q --durations=15
 
+test-fast: setup ## lint and the tests that start no job (under a minute): the edit-run loop
+	$(VPY) -m ruff check .
+	$(VPY) -m pytest -q -m "not slow" --durations=5
+
 lint: setup ## ruff on the whole course
 	$(VPY) -m ruff check .
 
