@@ -36,3 +36,29 @@ class ArgumentParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         exit_after_rank_0(f"{self.prog}: error: {message} (--help lists the options)", 2)
+
+
+def split_batch(requested: int | None, default: int, world_size: int) -> tuple[int, int, str]:
+    """(global batch, per-process batch, note): a global batch shared out over world_size.
+
+    `requested` is what --batch-size gave, None when it was left out. Left out, `default`
+    is rounded down to a multiple of world_size (256 // 3 = 85 each, 255 in all; at least
+    one sample each), so a run with the default arguments starts for any world size, and
+    `note` says what was rounded, ready to end a line: " (256 does not split ...)" or "".
+    A batch the student chose is taken as asked or refused: ValueError with a one-line
+    message, since training on another batch than the one asked for would mislead.
+    """
+    if requested is not None:
+        if requested < world_size or requested % world_size:
+            raise ValueError(f"the global batch {requested} does not split evenly over "
+                             f"{world_size} processes; use a multiple of {world_size}")
+        return requested, requested // world_size, ""
+    per_process = max(1, default // world_size)
+    chosen = per_process * world_size
+    if chosen == default:
+        return chosen, per_process, ""
+    if chosen < default:
+        why = f"{default} does not split over {world_size} processes; rounded down"
+    else:
+        why = f"{default} is under one sample per process for {world_size}; rounded up to 1 each"
+    return chosen, per_process, f" ({why})"

@@ -21,6 +21,7 @@ import argparse
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import tomllib
@@ -66,9 +67,10 @@ def parse_step(entry, where: str) -> Step:
     if isinstance(entry, str):
         entry = {"run": entry}
     words = shlex.split(entry.get("run", ""))
-    if len(words) < 2 or words[0] not in ("torchrun", "python"):
-        raise RegistrationError(f"{where}: a step is 'torchrun SCRIPT ...' or 'python SCRIPT "
-                                f"...', not {entry.get('run')!r}")
+    if len(words) < 2 or words[0] not in ("torchrun", "python") or words[1:2] == ["-m"] and (
+            words[0] == "torchrun" or len(words) < 3):
+        raise RegistrationError(f"{where}: a step is 'torchrun SCRIPT ...', 'python SCRIPT "
+                                f"...' or 'python -m MODULE ...', not {entry.get('run')!r}")
     return Step(words[0], words[1:], entry.get("drill", ""))
 
 
@@ -136,14 +138,28 @@ def run_python(command: list[str], timeout: float, backend: str) -> int:
         env["CUDA_VISIBLE_DEVICES"] = ""
         prefix = "CUDA_VISIBLE_DEVICES= "
     print("$ " + prefix + shlex.join([shown(sys.executable), *command]), flush=True)
+    child = subprocess.Popen([sys.executable, *command], env=env)
     try:
-        return subprocess.run([sys.executable, *command], env=env, timeout=timeout).returncode
+        return child.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         print(f"error: {command[0]} did not finish within {timeout:g} s and was stopped",
               file=sys.stderr)
+        stop(child, signal.SIGTERM)
         return 124
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # the child got the Ctrl-C too: let it clean up
+        stop(child, None)
         return 130
+
+
+def stop(child: subprocess.Popen, sig, grace: float = 15.0) -> None:
+    """Give a step time to clean up after itself (a namespace, its workers), then kill it."""
+    if sig is not None:
+        child.send_signal(sig)
+    try:
+        child.wait(timeout=grace)
+    except (subprocess.TimeoutExpired, KeyboardInterrupt):
+        child.kill()
+        child.wait()
 
 
 def run_target(target: Target, nproc: str, nnodes: str, port: str, timeout: str,

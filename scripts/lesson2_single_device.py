@@ -52,14 +52,14 @@ def parse_args():
 
 @torch.no_grad()
 def evaluate(model, loader, device):
-    """[correct predictions, samples seen] over `loader`, as a tensor."""
+    """[correct predictions, samples seen] over `loader`, as a tensor on `device`."""
     model.eval()
-    correct = seen = 0
+    counts = torch.zeros(2, dtype=torch.float64, device=device)  # summed on the device
     for images, labels in loader:
         images, labels = images.to(device), labels.to(device)
-        correct += (model(images).argmax(1) == labels).sum().item()
-        seen += len(labels)
-    return torch.tensor([correct, seen], dtype=torch.float64, device=device)
+        counts[0] += (model(images).argmax(1) == labels).sum()
+        counts[1] += len(labels)
+    return counts
 
 
 def main():
@@ -92,7 +92,9 @@ def main():
     for epoch in range(args.epochs):
         model.train()
         tick = time.perf_counter()
-        loss_sum = correct = seen = 0
+        # Running sums stay on the device: .item() would make the CPU wait for the GPU at
+        # every step. They are read once, when the epoch ends.
+        stats = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, correct, seen
         for images, labels in train_loader:
             images, labels = images.to(device), labels.to(device)
             logits = model(images)
@@ -100,18 +102,19 @@ def main():
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
-            loss_sum += loss.item() * len(labels)
-            correct += (logits.argmax(1) == labels).sum().item()
-            seen += len(labels)
-        stats = torch.tensor([loss_sum, correct, seen], dtype=torch.float64, device=device)
+            stats[0] += loss.detach() * len(labels)  # detach: no graph across the epoch
+            stats[1] += (logits.argmax(1) == labels).sum()
+            stats[2] += len(labels)
+        loss_sum, correct, seen = stats.tolist()  # the epoch's one wait for the device
         train_seconds += time.perf_counter() - tick
-        trained += int(stats[2])
+        trained += int(seen)
 
         counts = evaluate(model, val_loader, device)
-        train_loss, val_acc = (stats[0] / stats[2]).item(), (counts[0] / counts[1]).item()
+        val_correct, val_seen = counts.tolist()
+        train_loss, val_acc = loss_sum / seen, val_correct / val_seen
         print(f"epoch {epoch + 1}/{args.epochs}  loss {train_loss:.4f}  "
-              f"train acc {stats[1] / stats[2]:.3f}  val acc {val_acc:.3f} "
-              f"({int(counts[1])} images)  {time.perf_counter() - tick:.1f} s")
+              f"train acc {correct / seen:.3f}  val acc {val_acc:.3f} "
+              f"({int(val_seen)} images)  {time.perf_counter() - tick:.1f} s")
 
     os.makedirs(os.path.dirname(args.checkpoint) or ".", exist_ok=True)
     torch.save({"model": model.state_dict(), "args": vars(args)}, args.checkpoint)

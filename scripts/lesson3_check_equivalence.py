@@ -22,11 +22,13 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import BatchSampler, DistributedSampler
 
-from ddpcourse.cli import ArgumentParser
+from ddpcourse.cli import ArgumentParser, split_batch
 from ddpcourse.data import NUM_CLASSES, load_datasets
 from ddpcourse.models import create_model
 from ddpcourse.report import format_table, summary_line
-from ddpcourse.runtime import pick_device, world_of_one_unless_launched
+from ddpcourse.runtime import fail, pick_device, world_of_one_unless_launched
+
+DEFAULT_BATCH = 48  # small: rank 0 trains the whole batches again, alone
 
 
 def parse_args():
@@ -36,14 +38,16 @@ def parse_args():
     parser.add_argument("--bn-model", default="test_resnet",
                         help="a model with BatchNorm (the one lesson3_ddp.py trains)")
     parser.add_argument("--steps", type=int, default=5, help="SGD steps to compare")
-    parser.add_argument("--batch-size", type=int, default=48, help="the global batch")
+    parser.add_argument("--batch-size", type=int, default=None,
+                        help=f"the global batch (default {DEFAULT_BATCH}, rounded down to split "
+                             "over the processes)")
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--tolerance", type=float, default=1e-5)
     parser.add_argument("--timeout", type=float, default=120,
                         help="seconds a collective may wait for the other processes")
     args = parser.parse_args()
-    if args.steps < 1 or args.batch_size < 1:
+    if args.steps < 1 or args.batch_size is not None and args.batch_size < 1:
         parser.error("--steps and --batch-size must be at least 1")
     return args
 
@@ -89,16 +93,17 @@ def main():
         torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
     dist.init_process_group(backend, timeout=timedelta(seconds=args.timeout))
 
-    if args.batch_size < world_size or args.batch_size % world_size:
-        sys.exit(f"error: the global batch {args.batch_size} does not split evenly over "
-                 f"{world_size} processes; pass --batch-size {12 * world_size}"
-                 if rank == 0 else 1)
-    per_process = args.batch_size // world_size
+    # Mistakes every rank meets: rank 0 reports them (fail), the other ranks wait for it.
+    try:  # the default 48 is rounded down to split (45 = 5 x 9); a given batch must split
+        args.batch_size, per_process, rounded = split_batch(args.batch_size, DEFAULT_BATCH,
+                                                            world_size)
+    except ValueError as mistake:
+        fail(str(mistake))
 
     train_set, _ = load_datasets("digits")
     if args.steps * args.batch_size > len(train_set):
-        sys.exit(f"error: {args.steps} steps of {args.batch_size} need more than the "
-                 f"{len(train_set)} training images; take fewer steps" if rank == 0 else 1)
+        fail(f"{args.steps} steps of {args.batch_size} need more than the "
+             f"{len(train_set)} training images; take fewer steps")
     # My share of each global batch: the indices DistributedSampler gives this rank.
     sampler = DistributedSampler(train_set, num_replicas=world_size, rank=rank, shuffle=True,
                                  seed=args.seed)
@@ -155,8 +160,8 @@ def main():
 
     if rank == 0:
         print(f"DDP on {world_size} process(es) x {per_process} samples vs one process x "
-              f"{args.batch_size}: {args.steps} SGD steps, the same samples in the same order, "
-              f"{device.type}/{backend}")
+              f"{args.batch_size}{rounded}: {args.steps} SGD steps, the same samples in the "
+              f"same order, {device.type}/{backend}")
         print(format_table(rows))
         plain = max_diff[args.model]
         passed = rows[0]["verdict"] == "same"

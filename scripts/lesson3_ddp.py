@@ -1,14 +1,13 @@
 """Lesson 3: the single-device training, one process per device, with DDP and torchrun.
 
     make lesson3 NPROC=4                                # prints, then runs, this command:
-    torchrun --nproc-per-node=4 scripts/lesson3_ddp.py --epochs 8 --batch-size 256
+    torchrun --nproc-per-node=4 scripts/lesson3_ddp.py --epochs 8
 
 It is lesson2_single_device.py plus the lines that make it distributed:
     diff scripts/lesson2_single_device.py scripts/lesson3_ddp.py
 """
 
 import os
-import sys
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -19,11 +18,11 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, Subset
 
-from ddpcourse.cli import ArgumentParser
+from ddpcourse.cli import ArgumentParser, split_batch
 from ddpcourse.data import DATASETS, NUM_CLASSES, load_datasets
 from ddpcourse.models import create_model
 from ddpcourse.report import summary_line
-from ddpcourse.runtime import pick_device, world_of_one_unless_launched
+from ddpcourse.runtime import fail, pick_device, world_of_one_unless_launched
 
 # The learning rate belongs to the GLOBAL batch: 0.1 for 256 samples per optimizer step.
 # Linear scaling rule: change the global batch by a factor k and scale the rate by k too.
@@ -40,8 +39,9 @@ def parse_args():
     parser.add_argument("--pretrained", action="store_true",
                         help="start from timm's pretrained weights (must be on this machine)")
     parser.add_argument("--epochs", type=int, default=8, help="0 measures start-up alone")
-    parser.add_argument("--batch-size", type=int, default=256,
-                        help="the global batch: samples per optimizer step, all devices together")
+    parser.add_argument("--batch-size", type=int, default=None,
+                        help="the global batch: samples per optimizer step, all devices together "
+                             f"(default {BASE_BATCH}, rounded down to split over the processes)")
     parser.add_argument("--lr", type=float, default=None,
                         help=f"learning rate for the global batch (default {BASE_LR} x "
                              f"batch-size / {BASE_BATCH}: the linear scaling rule)")
@@ -50,21 +50,21 @@ def parse_args():
     parser.add_argument("--timeout", type=float, default=120,
                         help="seconds a collective may wait for the other processes")
     args = parser.parse_args()
-    if args.epochs < 0 or args.batch_size < 1:
+    if args.epochs < 0 or args.batch_size is not None and args.batch_size < 1:
         parser.error("--epochs must be >= 0 and --batch-size >= 1")
     return args
 
 
 @torch.no_grad()
 def evaluate(model, loader, device):
-    """[correct predictions, samples seen] over `loader`, as a tensor."""
+    """[correct predictions, samples seen] over `loader`, as a tensor on `device`."""
     model.eval()
-    correct = seen = 0
+    counts = torch.zeros(2, dtype=torch.float64, device=device)  # summed on the device
     for images, labels in loader:
         images, labels = images.to(device), labels.to(device)
-        correct += (model(images).argmax(1) == labels).sum().item()
-        seen += len(labels)
-    return torch.tensor([correct, seen], dtype=torch.float64, device=device)
+        counts[0] += (model(images).argmax(1) == labels).sum()
+        counts[1] += len(labels)
+    return counts
 
 
 def main():
@@ -83,10 +83,11 @@ def main():
     dist.init_process_group(backend, timeout=timedelta(seconds=args.timeout))
 
     # The global batch stays what it was on one device; each process takes an equal share.
-    if args.batch_size < world_size or args.batch_size % world_size:
-        sys.exit(f"error: the global batch {args.batch_size} does not split evenly over "
-                 f"{world_size} processes; use a multiple of {world_size}" if rank == 0 else 1)
-    batch_size = args.batch_size // world_size
+    # Left out, it is 256 rounded down to split (255 = 3 x 85); given, it must split exactly.
+    try:  # args.batch_size becomes the global batch this run really trains with
+        args.batch_size, batch_size, rounded = split_batch(args.batch_size, BASE_BATCH, world_size)
+    except ValueError as mistake:  # every rank meets it: rank 0 says so, the others wait
+        fail(str(mistake))
 
     train_set, val_set = load_datasets(args.dataset, args.data_dir, args.image_size)
     # Each process reads its own 1/world_size of the shuffled training set (set_epoch below).
@@ -112,7 +113,7 @@ def main():
               f"{len(train_set)} training and {len(val_set)} validation images, "
               f"{world_size} process(es) on {device.type} with {backend}")
         print(f"global batch {args.batch_size} = {world_size} process(es) x {batch_size}, "
-              f"lr {lr:g}")
+              f"lr {lr:g}{rounded}")
 
     train_loss = val_acc = float("nan")
     train_seconds = trained = 0
@@ -120,7 +121,9 @@ def main():
         sampler.set_epoch(epoch)  # a new shuffle every epoch, the same one on every rank
         model.train()
         tick = time.perf_counter()
-        loss_sum = correct = seen = 0
+        # Running sums stay on the device: .item() would make the CPU wait for the GPU at
+        # every step. They are read once, when the epoch ends.
+        stats = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, correct, seen
         for images, labels in train_loader:
             images, labels = images.to(device), labels.to(device)
             logits = model(images)
@@ -128,13 +131,13 @@ def main():
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
-            loss_sum += loss.item() * len(labels)
-            correct += (logits.argmax(1) == labels).sum().item()
-            seen += len(labels)
-        stats = torch.tensor([loss_sum, correct, seen], dtype=torch.float64, device=device)
+            stats[0] += loss.detach() * len(labels)  # detach: no graph across the epoch
+            stats[1] += (logits.argmax(1) == labels).sum()
+            stats[2] += len(labels)
         dist.all_reduce(stats)  # sums over ranks: the loss and accuracy of the whole epoch
+        loss_sum, correct, seen = stats.tolist()  # the epoch's one wait for the device
         train_seconds += time.perf_counter() - tick
-        trained += int(stats[2])
+        trained += int(seen)
 
         # Each rank's last batch moved its own BatchNorm running statistics: validate with
         # rank 0's, the ones the checkpoint keeps.
@@ -144,11 +147,12 @@ def main():
         # different numbers of validation batches.
         counts = evaluate(model.module, val_loader, device)
         dist.all_reduce(counts)  # correct and seen, summed over the ranks' shards
-        train_loss, val_acc = (stats[0] / stats[2]).item(), (counts[0] / counts[1]).item()
+        val_correct, val_seen = counts.tolist()
+        train_loss, val_acc = loss_sum / seen, val_correct / val_seen
         if rank == 0:
             print(f"epoch {epoch + 1}/{args.epochs}  loss {train_loss:.4f}  "
-                  f"train acc {stats[1] / stats[2]:.3f}  val acc {val_acc:.3f} "
-                  f"({int(counts[1])} images)  {time.perf_counter() - tick:.1f} s")
+                  f"train acc {correct / seen:.3f}  val acc {val_acc:.3f} "
+                  f"({int(val_seen)} images)  {time.perf_counter() - tick:.1f} s")
 
     if rank == 0:  # one checkpoint, written once: every rank holds the same weights
         os.makedirs(os.path.dirname(args.checkpoint) or ".", exist_ok=True)

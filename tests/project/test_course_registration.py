@@ -36,7 +36,9 @@ def test_lesson_has_reading_notebook_target_and_syllabus_row(lesson):
         assert target.help, f"target {target.name} has no help line"
         assert target.steps, f"target {target.name} runs nothing"
         for step in target.steps:
-            assert (ROOT / step.command[0]).exists(), f"{target.name}: no {step.command[0]}"
+            file = (step.command[1].replace(".", "/") + ".py" if step.command[0] == "-m"
+                    else step.command[0])
+            assert (ROOT / file).exists(), f"{target.name}: no {file}"
     rows = [line for line in (ROOT / "README.md").read_text().splitlines()
             if line.startswith(f"| {n} |")]
     assert len(rows) == 1, f"README.md's syllabus needs one row for lesson {n}"

@@ -1,7 +1,8 @@
-"""Lesson 3: DDP under torchrun and under mp.spawn trains, with an odd world size; it
-reproduces one-process training on 2 and 4 processes (and BatchNorm makes it differ);
-bad batch sizes are one-line errors from every way of starting it; destroy_process_group
-really ends the gloo group after DDP (else an exit may abort).
+"""Lesson 3: DDP under torchrun and under mp.spawn trains, with an odd world size and the
+default arguments (256 rounded down to 255 = 3 x 85); it reproduces one-process training on
+2 and 4 processes (and BatchNorm makes it differ); a batch given that does not split is a
+one-line error from rank 0 on every way of starting it; destroy_process_group really ends
+the gloo group after DDP (else an exit may abort).
 
 Launches are the expensive part here (every process imports torch and timm), so each test
 launches as few as it can: odd world sizes in the DDP equivalence are covered by the
@@ -13,6 +14,7 @@ import re
 import pytest
 from util import PYTHON, ROOT, run
 
+from ddpcourse.cli import split_batch
 from ddpcourse.launch import launch
 
 
@@ -22,8 +24,40 @@ def summary(stdout: str) -> dict[str, str]:
     return dict(re.findall(r"(\w+)=(\S+)", lines[0]))
 
 
-# 3 processes: 255 = 3 x 85 (the default 256 does not split in three)
-ODD_WORLD = ["--batch-size", "255", "--epochs", "6"]
+# 3 processes and no --batch-size: the default 256 does not split in three, so 255 = 3 x 85
+ODD_WORLD = ["--epochs", "6"]
+ROUNDED = "global batch 255 = 3 process(es) x 85, lr 0.0996094 (256 does not split over 3 " \
+          "processes; rounded down)"
+
+
+# Every world size `make lessonN NPROC=1..6 NNODES=1..2` can ask for, and some beyond.
+WORLDS = sorted({nproc * nnodes for nproc in range(1, 7) for nnodes in (1, 2)} | {7, 64, 300})
+
+
+@pytest.mark.parametrize("default", [256, 48])  # lesson3_ddp(_spawn) and check_equivalence
+@pytest.mark.parametrize("world_size", WORLDS)
+def test_the_default_batch_splits_over_any_world_size(default, world_size):
+    global_batch, per_process, note = split_batch(None, default, world_size)
+    assert global_batch == per_process * world_size
+    assert per_process == max(1, default // world_size)  # the source notes' 256 // W
+    if global_batch == default:
+        assert note == ""
+    elif global_batch < default:
+        assert default - global_batch < world_size  # rounded down as little as possible
+        assert note == (f" ({default} does not split over {world_size} processes; "
+                        "rounded down)")
+    else:  # more processes than samples: one sample each
+        assert per_process == 1 and "rounded up to 1 each" in note
+
+
+def test_a_batch_given_is_used_as_given_or_refused():
+    assert split_batch(255, 256, 3) == (255, 85, "")
+    assert split_batch(7, 256, 7) == (7, 1, "")
+    for given, world_size in [(256, 3), (255, 2), (2, 4), (100, 8)]:
+        with pytest.raises(ValueError) as refused:
+            split_batch(given, 256, world_size)
+        assert str(refused.value) == (f"the global batch {given} does not split evenly over "
+                                      f"{world_size} processes; use a multiple of {world_size}")
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +82,7 @@ def test_ddp_on_three_processes_learns_and_counts_every_validation_image_once(to
     # 359 validation images over 3 ranks, sharded without padding: counted exactly once
     # (DistributedSampler would pad them to 360)
     assert all("(359 images)" in line for line in epochs)
-    assert "global batch 255 = 3 process(es) x 85" in out
+    assert ROUNDED in out.splitlines()  # one line, from rank 0 alone
     assert "3 process(es) on cpu with gloo" in out
     assert checkpoint.stat().st_size > 100_000
     assert "Traceback" not in result.stderr
@@ -63,6 +97,7 @@ def test_mp_spawn_runs_the_same_training_as_torchrun(torchrun_three, tmp_path):
     assert set(spawned) == set(launched)
     for key in ("world_size", "batch_per_process", "global_batch", "train_loss", "val_acc"):
         assert spawned[key] == launched[key], key
+    assert ROUNDED in result.stdout.splitlines()
     assert (tmp_path / "spawn.pt").exists()
 
 
@@ -79,16 +114,18 @@ def test_ddp_started_with_plain_python_is_a_world_of_one(tmp_path):
 
 @pytest.mark.timeout(150)
 def test_batch_that_does_not_split_is_a_one_line_error_on_every_path():
-    # torchrun, 2 processes, an odd global batch: every rank stops, rank 0 says why
-    result = launch("scripts/lesson3_ddp.py", ["--batch-size", "255"], nproc=2, timeout=120,
+    # torchrun, 3 processes, the 256 given explicitly: every rank meets it; rank 0 says why
+    # and exits, the others wait for it to (so they cannot cut it off) and torchrun ends them
+    result = launch("scripts/lesson3_ddp.py", ["--batch-size", "256"], nproc=3, timeout=120,
                     cwd=str(ROOT), capture=True, echo=False)
-    assert result.returncode != 0
-    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-    assert errors[0] == ("error: the global batch 255 does not split evenly over 2 processes; "
-                         "use a multiple of 2")
-    assert len(errors) == 2 and errors[1].startswith("error: the job failed: rank")
+    assert result.returncode == 1, result.stderr
+    errors = [line for line in result.stderr.splitlines() if "error" in line.split(":")[0]]
+    assert errors == ["error: the global batch 256 does not split evenly over 3 processes; "
+                      "use a multiple of 3",
+                      "error: the job failed: rank 0 exited with code 1 first (the workers' "
+                      "own messages are above)"], result.stderr
     assert "Traceback" not in result.stderr
-    assert "summary:" not in result.stdout
+    assert "summary:" not in result.stdout and "global batch" not in result.stdout
     # torchrun, 3 processes, data that is not there: every rank meets it, rank 0 alone says so
     result = launch("scripts/lesson3_ddp.py", ["--batch-size", "255", "--dataset", "cifar10",
                                                "--data-dir", "/no/such/folder"],
