@@ -88,7 +88,7 @@ figures: setup ## regenerate the lesson figures in lessons/*/figures
 
 student-release: ## copy the course without solutions/ to RELEASE (default build/student-release)
 	@rm -rf '$(RELEASE)' && mkdir -p '$(RELEASE)'
-	@git ls-files | grep -v '^solutions/' | tar -cf - -T - | tar -xf - -C '$(RELEASE)'
+	@git ls-files | grep -v -e '^solutions/' -e '^tests/project/wrong_submissions/' | tar -cf - -T - | tar -xf - -C '$(RELEASE)'
 	@echo "student copy written to $(RELEASE) (no solutions/); there: make lesson1, make grade"
 
 clean: ## remove build outputs and runs (keeps .venv)

@@ -116,6 +116,11 @@ def train_ddp(model: nn.Module, dataset, global_batch: int, epochs: int, lr: flo
     len(dataset) // global_batch steps per epoch (the sampler pads the dataset to a multiple
     of the world size, so a process's loader can hold one batch more: skip it). Return the
     trained model itself, not the DDP wrapper.
+
+    The grader checks the mechanism as well as the result: which samples each process reads
+    from `dataset` (only its own share, every epoch; read them in the training process, the
+    DataLoader's default num_workers=0) and the all-reduces that average the gradients
+    (every step, once).
     """
     raise NotImplementedError("l3_ddp_step: turn the one-device loop into a DDP loop")
 

@@ -9,8 +9,9 @@ Every function runs inside a process group that the caller has already initialis
 grader starts torchrun jobs of 2, 3 and 4 processes, and a one-process world). In the first
 three exercises build the collective yourself from point-to-point calls only: dist.send,
 dist.recv, dist.isend, dist.irecv or dist.batch_isend_irecv. The grader makes the ready-made
-collectives (dist.all_reduce, dist.all_gather, dist.broadcast, ...) raise while your code
-runs, and compares your results with theirs afterwards.
+collectives (dist.all_reduce, dist.all_gather, dist.broadcast, ..., however they are reached,
+torch's functional collectives included) raise while your code runs, compares your results
+with theirs afterwards, and weighs the messages you sent against the algorithm's cost.
 
 To try your code yourself, write a small script that calls it and start it with
 `torchrun --nproc-per-node=3 my_script.py`; see scripts/lesson4_collectives.py for the set-up.
@@ -40,8 +41,9 @@ def ring_all_reduce(tensor: torch.Tensor) -> torch.Tensor:
     All-gather: in W-1 more steps each rank passes finished chunks on, overwriting its stale
     ones. If every rank calls a blocking send first, every rank waits for a receiver: post
     the send and the receive together (isend, or batch_isend_irecv). The grader watches the
-    messages too: each rank sends only to r+1 and receives only from r-1, one message each
-    way per step, 2(W-1) steps.
+    messages too, and most points are for them: each rank sends only to r+1 and receives
+    only from r-1, one message each way per step, 2(W-1) steps, each message one chunk (so a
+    rank sends 2(W-1)/W of the tensor in all, not whole tensors).
     """
     raise NotImplementedError("l4_ring_allreduce: write the reduce-scatter and all-gather steps")
 
@@ -52,6 +54,10 @@ def all_gather_p2p(tensor_list: list[torch.Tensor], tensor: torch.Tensor) -> Non
     `tensor_list` holds one tensor per rank, each shaped like `tensor`; afterwards
     tensor_list[i] holds rank i's `tensor` on every rank (your own included). Raise
     ValueError when the list does not have exactly one tensor per rank.
+
+    The grader also weighs the messages: every rank sends, and receives, W-1 tensors' worth
+    in all, what an all-gather costs (a ring does that, and so does sending your tensor
+    straight to every other rank); relaying everything through one rank costs it far more.
     """
     raise NotImplementedError("l4_all_gather: fill tensor_list with every rank's tensor")
 
@@ -87,9 +93,10 @@ def node_group(environ: Mapping[str, str] | None = None,
 def node_leader_broadcast(tensor: torch.Tensor, group) -> None:
     """Exercise l4_node_groups (2 of 2): copy the node leader's tensor to its whole node.
 
-    `group` is this process's node group (from node_group). Afterwards every process of the
-    node holds the tensor of the node's first process (the one with rank 0 in the group).
-    Use dist.broadcast on the group; mind that its `src` is a global rank.
+    `group` is this process's node group (from node_group), or any other group the caller
+    made. Afterwards every process of the group holds the tensor of the group's first
+    process (the one with rank 0 in the group). Use dist.broadcast on the group; mind that
+    its `src` is a global rank.
     """
     raise NotImplementedError("l4_node_groups: broadcast from the node's first process")
 

@@ -1,16 +1,12 @@
 """Grading tests for lesson 1. The expected tables are written out by hand from the reading."""
 
 import os
-import sys
-from pathlib import Path
 
 import pytest
+from jobs import run_job
 
 from ddpcourse.grading import load_exercises
-from ddpcourse.launch import launch
 from ddpcourse.topology import Process
-
-WORKERS = Path(__file__).parent / "workers"
 
 
 @pytest.fixture(scope="module")
@@ -170,18 +166,31 @@ def test_identity_without_launcher_is_a_clear_error(ex):
         ex.identity_from_env({"RANK": "0", "LOCAL_RANK": "0"})
 
 
+def job_verdict(name):
+    """The line about `name` from a simulated 2-node x 2-process job, launched once for the
+    tests that need it: each process checks the graded code against torch.distributed."""
+    result = run_job("lesson1_W4", "lesson1_identity.py", nproc=2, nnodes=2, timeout=120)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    assert os.environ.get("RANK") is None  # the test process itself is no rank
+    lines = [line for line in result.stdout.splitlines() if line.startswith(f"{name}: ")]
+    assert len(lines) == 1, result.stdout[-3000:]
+    return lines[0]
+
+
 @pytest.mark.l1_identity
 @pytest.mark.points(3)
 @pytest.mark.timeout(150)
-def test_identity_and_node_groups_under_torchrun_two_nodes(ex):
-    """A simulated 2-node x 2-process job: every process checks itself against torch.distributed."""
+def test_identity_under_torchrun_two_nodes(ex):
     ex.identity_from_env(TORCHRUN_ENV)  # fail fast, before paying for a launch
+    line = job_verdict("identity")
+    assert line == "identity: ok on 4 ranks", line
+
+
+@pytest.mark.l1_node_groups
+@pytest.mark.points(1)
+@pytest.mark.timeout(150)
+def test_node_groups_under_torchrun_two_nodes(ex):
+    """The groups made from node_groups() sum exactly the ranks of each node."""
     ex.node_groups(2, 2)
-    result = launch(str(WORKERS / "lesson1_identity.py"), nproc=2, nnodes=2, timeout=120,
-                    capture=True, echo=False)
-    output = result.stdout + result.stderr
-    if result.returncode != 0:
-        sys.stderr.write(output)
-    assert result.returncode == 0, output[-3000:]
-    assert "identity and node groups agree on all 4 ranks" in result.stdout
-    assert os.environ.get("RANK") is None  # the test process itself is no rank
+    line = job_verdict("node_groups")
+    assert line == "node_groups: ok on 4 ranks", line

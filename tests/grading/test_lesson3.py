@@ -1,24 +1,22 @@
 """Grading tests for lesson 3. The sampler is graded against DistributedSampler itself, the
-gradient averaging against DDP, and the DDP loop against one-process training."""
+gradient averaging against DDP, and the DDP loop against one-process training and, for most
+of its points, by its mechanism: which samples each rank read, and the all-reduces that
+averaged the gradients (workers/lesson3_ddp.py watches both)."""
 
 import copy
 import itertools
 import math
-import sys
 from contextlib import contextmanager
 from datetime import timedelta
-from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+from jobs import run_job
 from torch.utils.data import DistributedSampler, TensorDataset
 
 from ddpcourse.grading import load_exercises
-from ddpcourse.launch import launch
-
-WORKERS = Path(__file__).parent / "workers"
 
 
 @pytest.fixture(scope="module")
@@ -154,17 +152,9 @@ def world_of_one():
         dist.destroy_process_group()
 
 
-JOBS = {}
-
-
 def job(world_size):
     """One torchrun launch per world size, shared by the tests that read its verdicts."""
-    if world_size not in JOBS:
-        JOBS[world_size] = launch(str(WORKERS / "lesson3_ddp.py"), nproc=world_size,
-                                  timeout=150, capture=True, echo=False)
-    result = JOBS[world_size]
-    if result.returncode != 0:
-        sys.stderr.write(result.stdout + result.stderr)
+    result = run_job(f"lesson3_W{world_size}", "lesson3_ddp.py", nproc=world_size, timeout=150)
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     return result.stdout
 
@@ -206,19 +196,37 @@ def train_ddp_once_in_process(ex):
 
 
 @pytest.mark.l3_ddp_step
-@pytest.mark.points(3)
+@pytest.mark.points(1)
 @pytest.mark.timeout(180)
-def test_train_ddp_reproduces_one_process_on_two_processes(ex):
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_train_ddp_reproduces_one_process(ex, world_size):
     train_ddp_once_in_process(ex)
-    line = verdict(job(2), "train_ddp")
-    assert line.startswith("train_ddp: ok on 2 ranks"), line
+    line = verdict(job(world_size), "train_ddp")
+    assert line.startswith(f"train_ddp: ok on {world_size} ranks"), line
+    assert math.isfinite(float(line.rsplit(" ", 1)[-1]))
 
 
 @pytest.mark.l3_ddp_step
-@pytest.mark.points(3)
+@pytest.mark.points(2)
 @pytest.mark.timeout(180)
-def test_train_ddp_reproduces_one_process_on_three_processes(ex):
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_train_ddp_each_rank_reads_only_its_share(ex, world_size):
+    """Every epoch each rank reads its own DistributedSampler share (set_epoch), one
+    per-process batch per step: disjoint shares that together make the global batches. A
+    loop in which every rank reads the whole dataset (it can still reproduce one-process
+    training) fails here."""
     train_ddp_once_in_process(ex)
-    line = verdict(job(3), "train_ddp")
-    assert line.startswith("train_ddp: ok on 3 ranks"), line
-    assert math.isfinite(float(line.rsplit(" ", 1)[-1]))
+    line = verdict(job(world_size), "train_ddp_data")
+    assert line == f"train_ddp_data: ok on {world_size} ranks", line
+
+
+@pytest.mark.l3_ddp_step
+@pytest.mark.points(1)
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_train_ddp_averages_gradients_every_step(ex, world_size):
+    """The gradients are all-reduced during training: all the parameters' worth every step
+    (DDP's hooks do it in backward), and not twice."""
+    train_ddp_once_in_process(ex)
+    line = verdict(job(world_size), "train_ddp_allreduce")
+    assert line.startswith(f"train_ddp_allreduce: ok on {world_size} ranks"), line

@@ -5,21 +5,22 @@ lets an unfinished exercise fail before any job is started). Then one torchrun j
 world size (2 and 3 on one node, 4 as two simulated nodes of 2) runs every check in
 workers/lesson4_checks.py against the real collectives; the tests of all exercises share
 that job and each asserts its own line of the job's report.
+
+The exercises built from messages are graded twice: the result (with every ready-made
+collective refused), and, for most of the points, the mechanism: the messages each rank
+sent, their peers, sizes and number, against the algorithm's cost.
 """
 
 import os
-import sys
 from datetime import timedelta
-from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
+from jobs import run_job
 
 from ddpcourse.grading import load_exercises
-from ddpcourse.launch import launch
 
-WORKERS = Path(__file__).parent / "workers"
 JOBS = {2: {"nproc": 2, "nnodes": 1}, 3: {"nproc": 3, "nnodes": 1},
         4: {"nproc": 2, "nnodes": 2}}  # world size -> shape of the job
 LAUNCH_TIMEOUT = 150
@@ -51,25 +52,17 @@ def one_node_env(monkeypatch):
         monkeypatch.setenv(key, value)
 
 
-_results: dict[int, object] = {}
-
-
 def job(world_size: int):
     """The lesson 4 checks at `world_size`, launched once and shared by every test."""
-    if world_size not in _results:
-        # Not this process's one-node variables (a test may have set them): torchrun's own.
-        env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARIABLES}
-        _results[world_size] = launch(str(WORKERS / "lesson4_checks.py"),
-                                      timeout=LAUNCH_TIMEOUT, capture=True, echo=False,
-                                      env=env, **JOBS[world_size])
-    return _results[world_size]
+    # Not this process's one-node variables (a test may have set them): torchrun's own.
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARIABLES}
+    return run_job(f"lesson4_W{world_size}", "lesson4_checks.py", timeout=LAUNCH_TIMEOUT,
+                   env=env, **JOBS[world_size])
 
 
 def assert_check_passed(check: str, world_size: int):
     result = job(world_size)
     output = result.stdout + result.stderr
-    if result.returncode != 0:
-        sys.stderr.write(output)
     assert result.returncode == 0, output[-3000:]
     lines = [line for line in result.stdout.splitlines() if line.startswith(f"{check} W=")]
     assert lines == [f"{check} W={world_size}: ok"], "\n".join(lines) or output[-3000:]
@@ -88,11 +81,23 @@ def test_ring_allreduce_world_of_one(ex, world_of_one):
 
 
 @pytest.mark.l4_ring_allreduce
-@pytest.mark.points(2)
+@pytest.mark.points(1)
 @pytest.mark.timeout(LAUNCH_TIMEOUT + 20)
 @pytest.mark.parametrize("world_size", [2, 3, 4])
 def test_ring_allreduce_matches_all_reduce(ex, world_of_one, world_size):
+    """The sums, any shape and dtype, computed with every ready-made collective refused."""
     ex.ring_all_reduce(torch.zeros(3))  # fail fast, before paying for a launch
+    assert_check_passed("ring_allreduce_sum", world_size)
+
+
+@pytest.mark.l4_ring_allreduce
+@pytest.mark.points(2)
+@pytest.mark.timeout(LAUNCH_TIMEOUT + 20)
+@pytest.mark.parametrize("world_size", [2, 3, 4])
+def test_ring_allreduce_sends_chunks_round_the_ring(ex, world_of_one, world_size):
+    """The right sums by a ring's messages: only to rank r+1 and from r-1, 2(W-1) steps, each
+    message one chunk of about numel/W elements, 2(W-1)/W of the tensor sent per rank."""
+    ex.ring_all_reduce(torch.zeros(3))
     assert_check_passed("ring_allreduce", world_size)
 
 
@@ -118,6 +123,17 @@ def test_all_gather_matches_dist_all_gather(ex, world_of_one, world_size):
     assert_check_passed("all_gather", world_size)
 
 
+@pytest.mark.l4_all_gather
+@pytest.mark.points(3)
+@pytest.mark.timeout(LAUNCH_TIMEOUT + 20)
+@pytest.mark.parametrize("world_size", [3, 4])
+def test_all_gather_sends_each_tensor_once_per_rank(ex, world_of_one, world_size):
+    """The right lists, at an all-gather's cost: every rank sends and receives W-1 tensors'
+    worth, no more (at W = 2 a relay through one rank costs no more, so not graded there)."""
+    ex.all_gather_p2p([torch.zeros(2)], torch.ones(2))
+    assert_check_passed("all_gather_traffic", world_size)
+
+
 # --- l4_broadcast_tree ----------------------------------------------------------------------
 
 @pytest.mark.l4_broadcast_tree
@@ -141,10 +157,11 @@ def test_broadcast_tree_matches_broadcast_from_any_root(ex, world_of_one, world_
 
 
 @pytest.mark.l4_broadcast_tree
-@pytest.mark.points(1)
+@pytest.mark.points(5)
 @pytest.mark.timeout(LAUNCH_TIMEOUT + 20)
-def test_broadcast_is_a_tree_not_a_star(ex, world_of_one):
-    """With 4 ranks a tree needs at most 2 messages from any rank; a star needs 3 from the root."""
+def test_broadcast_is_a_tree_not_a_star_or_a_chain(ex, world_of_one):
+    """The right result along a tree: with 4 ranks no rank sends more than 2 messages (a
+    star's root sends 3) and none is more than 2 hops from the root (a chain's last is 3)."""
     ex.tree_broadcast(torch.zeros(2), 0)
     assert_check_passed("broadcast_tree_shape", 4)
 
@@ -166,15 +183,18 @@ def test_node_group_world_of_one(ex, world_of_one, one_node_env):
 @pytest.mark.timeout(LAUNCH_TIMEOUT + 20)
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_node_groups_one_node(ex, world_of_one, one_node_env, world_size):
+    """One node: its group and its leader's broadcast; at W = 3 also a broadcast in a group
+    of ranks 1 and 2, whose leader is global rank 1 (broadcast's src is a global rank)."""
     ex.node_leader_broadcast(torch.zeros(1), ex.node_group())
     assert_check_passed("node_groups", world_size)
 
 
 @pytest.mark.l4_node_groups
-@pytest.mark.points(2)
+@pytest.mark.points(4)
 @pytest.mark.timeout(LAUNCH_TIMEOUT + 20)
 def test_node_groups_two_simulated_nodes(ex, world_of_one, one_node_env):
-    """2 nodes x 2 processes: ranks 0,1 and 2,3 each sum and broadcast within their node."""
+    """2 nodes x 2 processes: ranks 0,1 and 2,3 each sum and broadcast within their node, so
+    every process must create both groups, and node 1's leader is global rank 2."""
     ex.node_leader_broadcast(torch.zeros(1), ex.node_group())
     assert_check_passed("node_groups", 4)
 

@@ -29,6 +29,7 @@ def registered_exercise_markers():
     return set(exercise_markers())
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_solutions_get_full_marks_and_stubs_get_zero(tmp_path):
     solutions = run_grading(None, tmp_path / "solutions", impl="solutions", quiet=True)
@@ -78,6 +79,7 @@ def identity_from_env(environ):
 '''
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_crashing_hanging_and_exiting_code_scores_zero_and_grading_finishes(tmp_path):
     submission = tmp_path / "alice" / "lesson1"
@@ -114,6 +116,7 @@ def test_crashing_hanging_and_exiting_code_scores_zero_and_grading_finishes(tmp_
             assert case.get("time") and "details lost" not in failure.get("message"), nodeid
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_grading_a_class_writes_one_csv_row_per_student(tmp_path):
     klass = tmp_path / "class"
@@ -152,6 +155,7 @@ def test_bad_grading_requests_are_one_line_errors(tmp_path):
     assert result.stderr.strip() == f"error: {empty} holds no submission folders"
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_student_release_has_no_solutions_and_its_grader_runs(tmp_path):
     release = tmp_path / "release"
@@ -159,6 +163,8 @@ def test_student_release_has_no_solutions_and_its_grader_runs(tmp_path):
                  timeout=60)
     assert result.returncode == 0, result.stderr
     assert not (release / "solutions").exists()
+    # the wrong submissions hold right answers too (a few on purpose, most nearly)
+    assert not (release / "tests" / "project" / "wrong_submissions").exists()
     assert (release / "lessons" / "lesson1" / "exercises.py").exists()
     assert not list(release.rglob("*solution*.py"))
     graded = run([PYTHON, "-m", "ddpcourse.grading", "grade", "--lesson", "1"], cwd=release,
@@ -185,6 +191,7 @@ def sampler_indices(length, world_size, rank, shuffle=True, seed=0, epoch=0, dro
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("lesson", sorted(BORROWED))
 def test_answers_borrowed_from_the_course_or_torch_score_zero(tmp_path, lesson):
     marker, override, message = BORROWED[lesson]

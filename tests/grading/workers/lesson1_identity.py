@@ -1,54 +1,101 @@
 """Run under torchrun by the lesson 1 grading tests: checks the graded code in a real job.
 
-Each process compares identity_from_env() with what torch.distributed says, checks
-global_rank() against its own rank, builds one group per node from node_groups(), and
-all-reduces inside its node's group. Rank 0 prints one line when every rank agrees.
+identity: each process compares identity_from_env(os.environ) with what the job says
+(torch.distributed's rank and world size, torchrun's LOCAL_RANK, LOCAL_WORLD_SIZE and
+GROUP_RANK).
+node_groups: every process builds one group per node from node_groups() and all-reduces
+inside its own node's group; the sum must be that of the ranks on its node.
+
+Each check runs in a process group of its own (common.py). Rank 0 prints one line per
+check: `<name>: ok on W ranks` or `<name>: FAILED: ...`. --submissions A,B,... grades
+several submission folders, one block after `### submission A` each.
 """
 
+import argparse
+import json
 import os
-import sys
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from common import (
+    RANK,
+    WORLD,
+    everyones_verdict,
+    group_of_its_own,
+    launcher_store,
+    one_line,
+    select_submission,
+    submissions_to_grade,
+)
 
 from ddpcourse.grading import load_exercises
 
-ex = load_exercises(1)
-problems = []
-me = ex.identity_from_env(os.environ)
-dist.init_process_group("gloo", timeout=timedelta(seconds=30))
-rank, world = dist.get_rank(), dist.get_world_size()
-truth = {"rank": rank, "local_rank": int(os.environ["LOCAL_RANK"]), "world_size": world,
-         "local_world_size": int(os.environ["LOCAL_WORLD_SIZE"]),
-         "node_rank": int(os.environ["GROUP_RANK"])}
-if me != truth:
-    problems.append(f"identity_from_env gave {me}, the job says {truth}")
-if ex.global_rank(truth["node_rank"], truth["local_rank"], truth["local_world_size"]) != rank:
-    problems.append("global_rank() disagrees with dist.get_rank()")
+GROUP_TIMEOUT = timedelta(seconds=30)
+LOCAL_WORLD = int(os.environ["LOCAL_WORLD_SIZE"])
+NODE = int(os.environ["GROUP_RANK"])
 
-nodes = world // truth["local_world_size"]
-groups = ex.node_groups(nodes, truth["local_world_size"])
-# Every process must take part in creating every group, in the same order.
-handles = [dist.new_group(ranks) for ranks in groups]
-mine = [i for i, ranks in enumerate(groups) if rank in ranks]
-if len(mine) != 1:
-    problems.append(f"rank {rank} is in {len(mine)} node groups, expected exactly 1")
-else:
-    total = torch.tensor([float(rank)])
+
+def check_identity(ex):
+    me = ex.identity_from_env(dict(os.environ))
+    truth = {"rank": dist.get_rank(), "local_rank": int(os.environ["LOCAL_RANK"]),
+             "world_size": dist.get_world_size(), "local_world_size": LOCAL_WORLD,
+             "node_rank": NODE}
+    if me != truth:
+        return [f"identity_from_env gave {me}, the job says {truth}"]
+    return []
+
+
+def check_node_groups(ex):
+    groups = ex.node_groups(WORLD // LOCAL_WORLD, LOCAL_WORLD)
+    # Every process must take part in creating every group, in the same order.
+    handles = [dist.new_group(ranks, timeout=GROUP_TIMEOUT) for ranks in groups]
+    mine = [i for i, ranks in enumerate(groups) if RANK in ranks]
+    if len(mine) != 1:
+        return [f"rank {RANK} is in {len(mine)} node groups, expected exactly 1"]
+    total = torch.tensor([float(RANK)])
     dist.all_reduce(total, group=handles[mine[0]])
-    same_node = [r for r in range(world)
-                 if r // truth["local_world_size"] == truth["node_rank"]]
+    same_node = [r for r in range(WORLD) if r // LOCAL_WORLD == NODE]
     if total.item() != float(sum(same_node)):
-        problems.append(f"all_reduce in rank {rank}'s node group gave {total.item():g}, "
-                        f"expected the sum of ranks {same_node}")
+        return [f"all_reduce in rank {RANK}'s node group gave {total.item():g}, expected the "
+                f"sum of ranks {same_node} (the processes of node {NODE})"]
+    return []
 
-everyone = [None] * world
-dist.all_gather_object(everyone, problems)
-dist.destroy_process_group()
-if rank == 0:
-    failures = [p for per_rank in everyone for p in per_rank]
-    if failures:
-        print("\n".join(failures))
-        sys.exit(1)
-    print(f"identity and node groups agree on all {world} ranks")
+
+CHECKS = {"identity": check_identity, "node_groups": check_node_groups}
+
+
+def run_checks(store, tag) -> list[str]:
+    try:
+        ex, import_error = load_exercises(1), None
+    except BaseException as error:
+        ex, import_error = None, f"could not import the exercises: {one_line(error)}"
+    lines = []
+    for name, check in CHECKS.items():
+        with group_of_its_own(store, f"lesson1/{tag}/{name}", GROUP_TIMEOUT):
+            try:
+                problems = [import_error] if import_error else check(ex)
+            except BaseException as error:  # the graded code raised: the next check runs
+                problems = [f"rank {RANK}: {one_line(error)}"]
+            gathered = everyones_verdict(store, f"lesson1/{tag}/{name}", json.dumps(problems))
+        problems = [p for v in gathered for p in (json.loads(v) if v.startswith("[") else [v])]
+        lines.append(f"{name}: " + (f"FAILED: {'; '.join(problems[:4])}" if problems
+                                    else f"ok on {WORLD} ranks"))
+    return lines
+
+
+def main():
+    parser = argparse.ArgumentParser(description="lesson 1 grading checks")
+    parser.add_argument("--submissions", default="",
+                        help="comma-separated submission folders to grade one after another")
+    args = parser.parse_args()
+    store = launcher_store()
+    for i, submission in enumerate(submissions_to_grade(args.submissions)):
+        select_submission(submission)
+        lines = run_checks(store, tag=str(i))
+        if RANK == 0:
+            print("\n".join(lines), flush=True)
+
+
+if __name__ == "__main__":
+    main()

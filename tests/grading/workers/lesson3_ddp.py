@@ -3,31 +3,49 @@
 average_gradients: each rank computes gradients on its own data with a plain model, averages
 them with the graded function, and compares them with the gradients DDP computes from the
 same data; then the same inside a group of ranks 0 and 1, with rank-dependent gradients.
-train_ddp: every rank trains with the graded function; each compares the result with the
-one-device loop below (the reference) and with the other ranks.
 
-Every exercise is checked on its own, so one that fails does not cost the other. Rank 0
-prints one line per exercise: `<name>: ok on W ranks ...` or `<name>: FAILED ...`.
+train_ddp: every rank trains with the graded function on a dataset that notes which samples
+this process reads, while every collective the rank starts is recorded (traffic.py).
+Three verdicts come of that one run:
+  train_ddp            the result equals the one-device loop below, on every rank;
+  train_ddp_data       each rank read exactly its DistributedSampler share of every epoch's
+                       steps: disjoint shares that together make the global batches;
+  train_ddp_allreduce  the gradients were all-reduced every step: all the parameters' worth
+                       of elements per step, once.
+
+Each check runs in a process group of its own (common.py). Rank 0 prints one line per
+verdict: `<name>: ok on W ranks ...` or `<name>: FAILED: ...`. --submissions A,B,...
+grades several submission folders, one block after `### submission A` each.
 """
 
+import argparse
 import copy
-import sys
+import json
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
+from common import (
+    RANK,
+    WORLD,
+    everyones_verdict,
+    group_of_its_own,
+    launcher_store,
+    one_line,
+    select_submission,
+    submissions_to_grade,
+)
 from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.utils.data import TensorDataset
+from torch.utils.data import Dataset, DistributedSampler
+from traffic import Traffic
 
 import ddpcourse.runtime  # noqa: F401  before init_process_group: see the comment there
 from ddpcourse.grading import load_exercises
 
 TOLERANCE = 1e-5
-ex = load_exercises(3)
-dist.init_process_group("gloo", timeout=timedelta(seconds=30))
-rank, world = dist.get_rank(), dist.get_world_size()
+GROUP_TIMEOUT = timedelta(seconds=30)
 torch.set_num_threads(1)
 
 
@@ -57,80 +75,204 @@ def one_device(model, dataset, global_batch, epochs, lr, seed=0):
     return model
 
 
-def check_average_gradients():
+class WatchedDataset(Dataset):
+    """A TensorDataset of (x, y) that notes, in order, every index this process reads: one
+    at a time (as a DataLoader does) or many at once (dataset[list_of_indices])."""
+
+    def __init__(self, x, y):
+        self.x, self.y = x, y
+        self.read: list[int] = []
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            index = list(range(len(self)))[index]
+        elif isinstance(index, tuple):
+            index = list(index)
+        self.read.extend(torch.as_tensor(index).flatten().tolist())
+        return self.x[index], self.y[index]
+
+
+# --- l3_average_gradients ------------------------------------------------------------------
+
+def check_average_gradients(ex):
     problems = []
     # 1. Against DDP: the same local data through a DDP model and through a plain one.
-    x, y = data(10 + rank, seed=100 + rank)  # different data, even different sizes, per rank
+    x, y = data(10 + RANK, seed=100 + RANK)  # different data, even different sizes, per rank
     plain, wrapped = small_model(), DDP(small_model())
     F.cross_entropy(plain(x), y).backward()
     F.cross_entropy(wrapped(x), y).backward()
     ex.average_gradients(plain)
     for (name, p), q in zip(plain.named_parameters(), wrapped.module.parameters(), strict=True):
         if p.grad is None or not torch.allclose(p.grad, q.grad, rtol=1e-5, atol=1e-7):
-            problems.append(f"rank {rank}: gradient of {name} differs from DDP's")
+            problems.append(f"rank {RANK}: gradient of {name} differs from DDP's")
     # 2. Frozen parameters keep grad None.
     frozen = small_model()
     frozen[0].weight.requires_grad_(False)
     F.cross_entropy(frozen(x), y).backward()
     ex.average_gradients(frozen)
     if frozen[0].weight.grad is not None:
-        problems.append(f"rank {rank}: a frozen parameter's grad is no longer None")
+        problems.append(f"rank {RANK}: a frozen parameter's grad is no longer None")
     # 3. Inside a group of ranks 0 and 1 only: the mean over the group, not over the world.
-    pair = dist.new_group([0, 1]) if world > 1 else None
-    if world > 1 and rank in (0, 1):
+    pair = dist.new_group([0, 1]) if WORLD > 1 else None
+    if WORLD > 1 and RANK in (0, 1):
         model = small_model()
         for p in model.parameters():
-            p.grad = torch.full_like(p, float(rank + 1))
+            p.grad = torch.full_like(p, float(RANK + 1))
         ex.average_gradients(model, group=pair)
         if not all(torch.allclose(p.grad, torch.full_like(p, 1.5)) for p in model.parameters()):
-            problems.append(f"rank {rank}: in the group of ranks 0 and 1 the gradients of 1 "
-                            "and 2 did not average to 1.5")
-    return problems, ""
+            problems.append(f"rank {RANK}: in the group of ranks 0 and 1 the gradients of 1 "
+                            f"and 2 did not average to 1.5 (the mean over the group, not the "
+                            f"world of {WORLD})")
+    return {"average_gradients": (problems, "")}
 
 
-def check_train_ddp():
-    problems = []
-    # 95 samples: not a multiple of 2 or 3, so the sampler pads; 7 global batches of 12.
-    x, y = data(95, seed=7)
-    dataset = TensorDataset(x, y)
+# --- l3_ddp_step ---------------------------------------------------------------------------
+
+N, GLOBAL_BATCH, EPOCHS, SEED = 95, 12, 2, 5  # 95: the sampler pads at W = 2 and W = 3
+
+
+def check_train_ddp(ex):
+    x, y = data(N, seed=7)
+    watched = WatchedDataset(x, y)
     start = small_model(seed=3)
-    trained = ex.train_ddp(copy.deepcopy(start), dataset, global_batch=12, epochs=2, lr=0.1,
-                           seed=5)
+    with Traffic() as seen:
+        trained = ex.train_ddp(copy.deepcopy(start), watched, global_batch=GLOBAL_BATCH,
+                               epochs=EPOCHS, lr=0.1, seed=SEED)
+    result = result_problems(trained, start, x, y)
+    return {"train_ddp": result,
+            "train_ddp_data": (data_problems(watched.read), ""),
+            "train_ddp_allreduce": allreduce_problems(seen, start)}
+
+
+def result_problems(trained, start, x, y):
+    problems = []
     if isinstance(trained, DDP):
-        problems.append(f"rank {rank}: train_ddp returned the DDP wrapper, not the model")
+        problems.append(f"rank {RANK}: train_ddp returned the DDP wrapper, not the model")
         trained = trained.module
-    reference = one_device(copy.deepcopy(start), dataset, 12, epochs=2, lr=0.1, seed=5)
+    reference = one_device(copy.deepcopy(start), torch.utils.data.TensorDataset(x, y),
+                           GLOBAL_BATCH, EPOCHS, lr=0.1, seed=SEED)
     mine = torch.cat([p.detach().flatten() for p in trained.parameters()])
     ref = torch.cat([p.detach().flatten() for p in reference.parameters()])
     diff = (mine - ref).abs().max().item()
     if diff > TOLERANCE:
-        problems.append(f"rank {rank}: parameters differ from one-device training by "
+        problems.append(f"rank {RANK}: parameters differ from one-device training by "
                         f"{diff:.2e} (more than {TOLERANCE:g})")
-    everyone = [torch.empty_like(mine) for _ in range(world)]
+    everyone = [torch.empty_like(mine) for _ in range(WORLD)]
     dist.all_gather(everyone, mine)
     if not all(torch.allclose(e, mine, rtol=0, atol=1e-7) for e in everyone):
-        problems.append(f"rank {rank}: the ranks ended with different parameters")
+        problems.append(f"rank {RANK}: the ranks ended with different parameters")
     return problems, f"max difference {diff:.1e}"
 
 
-verdicts = {}
-for name, check in [("average_gradients", check_average_gradients),
-                    ("train_ddp", check_train_ddp)]:
-    try:
-        problems, note = check()
-    except Exception as error:  # the graded code raised: this exercise fails, the next runs
-        problems, note = [f"rank {rank}: {type(error).__name__}: {error}"], ""
-    gathered = [None] * world
-    dist.all_gather_object(gathered, (problems, note))
-    verdicts[name] = gathered
+def data_problems(read):
+    """This rank must read, epoch after epoch, the first steps x per-rank-batch indices of
+    its DistributedSampler share (shuffle=True, seed, set_epoch(epoch)), in order. A loop
+    that stops after `steps` batches may have let the loader fetch one batch more: allowed."""
+    steps, batch = N // GLOBAL_BATCH, GLOBAL_BATCH // WORLD
+    need = steps * batch
+    if not read:
+        return [f"rank {RANK} read no samples in its own process (the grader watches the "
+                "dataset there: keep the DataLoader's num_workers=0)"]
+    sampler = DistributedSampler(range(N), num_replicas=WORLD, rank=RANK, shuffle=True,
+                                 seed=SEED)
+    shares = []
+    for epoch in range(EPOCHS):
+        sampler.set_epoch(epoch)
+        shares.append(list(sampler))
+    at = 0
+    for epoch, share in enumerate(shares):
+        got = read[at:at + need]
+        if got != share[:need]:
+            return [f"rank {RANK}, epoch {epoch}: read {describe(got)}; its share is "
+                    f"{describe(share[:need])} ({steps} steps x {batch} samples of "
+                    f"DistributedSampler(seed={SEED}) after set_epoch({epoch})). It read "
+                    f"{len(read)} samples in {EPOCHS} epochs, its shares hold {EPOCHS * need}"]
+        at += need
+        following = shares[epoch + 1][:need] if epoch + 1 < EPOCHS else None
+        if read[at:at + need] != following:  # not straight on to the next epoch
+            ahead = share[need:need + batch]
+            while ahead and read[at:at + len(ahead)] != ahead:
+                ahead = ahead[:-1]
+            at += len(ahead)
+    if at != len(read):
+        return [f"rank {RANK} read {len(read)} samples in {EPOCHS} epochs; its shares of the "
+                f"{EPOCHS * steps} steps hold {EPOCHS * need}"]
+    return []
 
-dist.destroy_process_group()
-if rank == 0:
-    for name, gathered in verdicts.items():
-        problems = [p for per_rank, _ in gathered for p in per_rank]
-        if problems:
-            print(f"{name}: FAILED: " + "; ".join(problems[:4]))
-        else:
-            note = gathered[0][1]
-            print(f"{name}: ok on {world} ranks" + (f", {note}" if note else ""))
-sys.exit(0)
+
+def describe(indices):
+    head = ", ".join(map(str, indices[:5]))
+    return f"{len(indices)} samples [{head}{', ...' if len(indices) > 5 else ''}]"
+
+
+def allreduce_problems(seen, model):
+    """DDP all-reduces every parameter's gradient once per step (in buckets): at least the
+    parameters' numel per step, and less than twice that."""
+    steps = EPOCHS * (N // GLOBAL_BATCH)
+    params = sum(p.numel() for p in model.parameters())
+    reduced = sum(c.numel for c in seen.collectives
+                  if "allreduce" in c.op or "all_reduce" in c.op)
+    low, high = steps * params, 2 * steps * params
+    note = f"{reduced / steps:g} values all-reduced per step"
+    if reduced < low:
+        return [f"rank {RANK}: {reduced} gradient values were all-reduced in {steps} steps; "
+                f"averaging all {params} gradients every step takes {low} (the DDP wrapper "
+                "does it during backward)"], note
+    if reduced >= high:
+        return [f"rank {RANK}: {reduced} values were all-reduced in {steps} steps, "
+                f"{reduced / low:.1f} times the {params} gradients per step: averaged twice? "
+                "(DDP already averages them)"], note
+    return [], note
+
+
+CHECKS = {"average_gradients": check_average_gradients, "train_ddp": check_train_ddp}
+VERDICTS = {"average_gradients": ["average_gradients"],
+            "train_ddp": ["train_ddp", "train_ddp_data", "train_ddp_allreduce"]}
+
+
+def run_checks(store, tag) -> list[str]:
+    try:
+        ex, import_error = load_exercises(3), None
+    except BaseException as error:
+        ex, import_error = None, f"could not import the exercises: {one_line(error)}"
+    lines = []
+    for check, fn in CHECKS.items():
+        with group_of_its_own(store, f"lesson3/{tag}/{check}", GROUP_TIMEOUT):
+            try:
+                if import_error:
+                    raise RuntimeError(import_error)
+                outcome = fn(ex)
+            except BaseException as error:  # the graded code raised: the next check runs
+                outcome = {name: ([f"rank {RANK}: {one_line(error)}"], "")
+                           for name in VERDICTS[check]}
+            for name in VERDICTS[check]:
+                gathered = [json.loads(v) if v.startswith("[") else ([v], "") for v in
+                            everyones_verdict(store, f"lesson3/{tag}/{name}",
+                                              json.dumps(outcome[name]))]
+                problems = [p for per_rank, _ in gathered for p in per_rank]
+                if problems:
+                    lines.append(f"{name}: FAILED: " + "; ".join(problems[:4]))
+                else:
+                    note = gathered[0][1]
+                    lines.append(f"{name}: ok on {WORLD} ranks" + (f", {note}" if note else ""))
+    return lines
+
+
+def main():
+    parser = argparse.ArgumentParser(description="lesson 3 grading checks")
+    parser.add_argument("--submissions", default="",
+                        help="comma-separated submission folders to grade one after another")
+    args = parser.parse_args()
+    store = launcher_store()
+    for i, submission in enumerate(submissions_to_grade(args.submissions)):
+        select_submission(submission)
+        lines = run_checks(store, tag=str(i))
+        if RANK == 0:
+            print("\n".join(lines), flush=True)
+
+
+if __name__ == "__main__":
+    main()

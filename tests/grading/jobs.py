@@ -1,0 +1,35 @@
+"""The grading tests' torchrun jobs: launched once per module and world size, or replayed.
+
+A grading worker checks every exercise of its lesson in one job and prints one line per
+check; the tests share the job and each asserts its own lines.
+
+COURSE_GRADING_JOBS=DIR replays instead of launching: the job's result is read from
+DIR/<name>.json ({"returncode", "stdout", "stderr"}). The project's own tests use it to
+grade many wrong submissions with one launch per world size (the workers take
+--submissions A,B,...), then score each submission with the real grading tests
+(tests/project/test_grader_catches_mistakes.py).
+"""
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+from ddpcourse.launch import launch
+
+WORKERS = Path(__file__).parent / "workers"
+_results: dict[str, subprocess.CompletedProcess] = {}
+
+
+def run_job(name: str, worker: str, **launch_args) -> subprocess.CompletedProcess:
+    """The result of the job `name` (e.g. lesson4_W3): `worker` launched with launch_args."""
+    if name not in _results:
+        replay = os.environ.get("COURSE_GRADING_JOBS", "").strip()
+        if replay:
+            saved = json.loads((Path(replay) / f"{name}.json").read_text())
+            _results[name] = subprocess.CompletedProcess(
+                worker, saved["returncode"], saved["stdout"], saved["stderr"])
+        else:
+            _results[name] = launch(str(WORKERS / worker), capture=True, echo=False,
+                                    **launch_args)
+    return _results[name]

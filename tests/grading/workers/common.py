@@ -1,0 +1,66 @@
+"""What every grading worker does around the code it checks.
+
+Each check runs in a process group of its own, so code that hangs, or leaves messages
+behind, spoils only its own check. Verdicts travel through the launcher's key-value store,
+not through a process group (which the code under test may have broken).
+"""
+
+import os
+from contextlib import contextmanager
+from datetime import timedelta
+
+import torch.distributed as dist
+
+RANK, WORLD = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+VERDICT_WAIT = timedelta(seconds=60)    # how long ranks wait for each other's verdicts
+
+
+def launcher_store() -> dist.TCPStore:
+    """A client of the store torchrun's agent started for this job."""
+    return dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                         is_master=False, timeout=VERDICT_WAIT)
+
+
+@contextmanager
+def group_of_its_own(store, name: str, timeout: timedelta):
+    """A fresh default process group for one check (keys under `name` in the store)."""
+    dist.init_process_group("gloo", store=dist.PrefixStore(name, store), rank=RANK,
+                            world_size=WORLD, timeout=timeout)
+    try:
+        yield
+    finally:
+        try:
+            dist.destroy_process_group()
+        except Exception:  # a group the check broke
+            pass
+
+
+def everyones_verdict(store, name: str, verdict: str) -> list[str]:
+    """Every rank's verdict for the check `name`, this rank's included, in rank order."""
+    keys = [f"verdict/{name}/{r}" for r in range(WORLD)]
+    store.set(keys[RANK], verdict)
+    try:
+        store.wait(keys, VERDICT_WAIT)
+        return [store.get(k).decode() for k in keys]
+    except Exception:  # a rank died or is stuck: report what arrived
+        return [store.get(k).decode() if store.check([k]) else "no verdict (stuck?)"
+                for k in keys]
+
+
+def one_line(error: BaseException) -> str:
+    text = " ".join(str(error).split())
+    return f"{type(error).__name__}: {text}"[:300]
+
+
+def submissions_to_grade(arg: str) -> list[str | None]:
+    """--submissions A,B,...: grade those folders one after another (the project's own tests
+    grade many wrong answers with one launch); empty: the one COURSE_SUBMISSION or
+    COURSE_IMPL points at."""
+    return [s for s in arg.split(",") if s] or [None]
+
+
+def select_submission(submission: str | None) -> None:
+    if submission:
+        os.environ["COURSE_SUBMISSION"] = submission
+        if RANK == 0:
+            print(f"### submission {submission}", flush=True)

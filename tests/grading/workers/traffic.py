@@ -1,0 +1,129 @@
+"""What the grading workers watch: the messages and collectives a rank starts.
+
+However student code reaches a collective or a message (dist.all_reduce, a ProcessGroup
+method, a function imported before the grader looked, torch's functional collectives in
+torch.distributed._functional_collectives or torch.ops._c10d_functional, batch_isend_irecv,
+DDP's gradient hooks), it ends up calling one of torch's dispatcher operators in the c10d
+namespaces: c10d::allreduce_, c10d::send, _c10d_functional::all_reduce, ... So that is
+where the workers look:
+
+- Traffic(): records every such operator this thread calls (a message's peer and bytes,
+  a collective's elements);
+- collectives_refused(): every such operator except send, recv and barrier raises, in
+  every thread, until the block ends.
+
+The one route around the dispatcher, a backend's own methods
+(group._get_backend(device).allreduce(...)), is closed at the Python level.
+"""
+
+from __future__ import annotations
+
+import re
+from contextlib import contextmanager
+from typing import NamedTuple
+
+import torch
+from torch._C._distributed_c10d import Backend
+from torch.utils._python_dispatch import TorchDispatchMode
+
+NAMESPACES = ("c10d", "_c10d_functional", "c10d_functional", "_c10d_functional_autograd")
+MESSAGES = {"c10d::send": "send", "c10d::recv_": "recv", "c10d::recv_any_source_": "recv"}
+# Not collectives: they move no data, so the point-to-point exercises may use them.
+HARMLESS = {"c10d::barrier", "c10d::monitored_barrier_", "c10d::check_for_nan",
+            "_c10d_functional::wait_tensor", "c10d_functional::wait_tensor",
+            "_c10d_functional::_wrap_tensor_autograd"}
+BACKEND_METHODS = [name for name in vars(Backend) if re.search(
+    r"all_?reduce|gather|scatter|broadcast|^_?reduce|all_?to_?all|^send$|^recv", name)]
+
+
+class Message(NamedTuple):
+    kind: str          # "send" or "recv"
+    peer: int | None   # rank in the group (the world group in the workers); None: any source
+    numel: int
+    nbytes: int
+
+
+class Collective(NamedTuple):
+    op: str            # e.g. "c10d::allreduce_"
+    numel: int         # elements of the tensors it was given
+
+
+def tensors_in(value):
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from tensors_in(item)
+
+
+class Traffic(TorchDispatchMode):
+    """Inside `with Traffic() as seen:`, seen.messages and seen.collectives fill up.
+
+    A dispatch mode sees every operator the thread calls, so it also sees the collectives
+    DDP starts from its hooks during backward (on the CPU they run in the calling thread).
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.messages: list[Message] = []
+        self.collectives: list[Collective] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.namespace in NAMESPACES:
+            name = func._schema.name
+            tensors = list(tensors_in(args[0] if args else ()))
+            numel = sum(t.numel() for t in tensors)
+            if name in MESSAGES:
+                peer = args[2] if name != "c10d::recv_any_source_" else None
+                self.messages.append(Message(MESSAGES[name], peer, numel,
+                                             sum(t.numel() * t.element_size() for t in tensors)))
+            elif name not in HARMLESS:
+                self.collectives.append(Collective(name, numel))
+        return func(*args, **(kwargs or {}))
+
+    def sent(self) -> list[Message]:
+        return [m for m in self.messages if m.kind == "send"]
+
+    def received(self) -> list[Message]:
+        return [m for m in self.messages if m.kind == "recv"]
+
+
+class RefusedCollective(Exception):
+    pass
+
+
+def describe(full_name: str) -> str:
+    namespace, _, op = full_name.partition("::")
+    if namespace == "c10d":
+        return f"a ready-made collective ({op.rstrip('_')})"
+    return f"torch's functional collective op {namespace}.{op}"
+
+
+@contextmanager
+def collectives_refused(refused: list[str]):
+    """Any collective raises RefusedCollective and is noted in `refused` (so code that catches
+    the error is still caught); send, recv and barrier work as usual."""
+    def refuse(what):
+        def kernel(*args, **kwargs):
+            refused.append(what)
+            raise RefusedCollective(f"{what} was called: build this one from send/recv")
+        return kernel
+
+    # A kernel registered for the CPU key takes the place of torch's own until it is
+    # removed again (Library._destroy), for every caller in the process.
+    libraries = {ns: torch.library.Library(ns, "IMPL") for ns in NAMESPACES}
+    for full_name in torch._C._dispatch_get_all_op_names():
+        namespace, _, op = full_name.partition("::")
+        if namespace in NAMESPACES and full_name not in MESSAGES and full_name not in HARMLESS:
+            libraries[namespace].impl(op, refuse(describe(full_name)), "CPU")
+    # vars(), not getattr: these are pybind11 methods, put back exactly as found.
+    saved = {name: vars(Backend)[name] for name in BACKEND_METHODS}
+    for name in saved:
+        setattr(Backend, name, refuse(f"a process group backend's own {name}"))
+    try:
+        yield
+    finally:
+        for library in libraries.values():
+            library._destroy()
+        for name, method in saved.items():
+            setattr(Backend, name, method)

@@ -1,0 +1,226 @@
+"""Wrong-but-plausible submissions lose the points their mistake is worth: no more, no less.
+
+Each file in wrong_submissions/lessonN/ replaces one function of the reference solution. Its
+docstring opens with the exercise and the exact score it must get, e.g.
+`l4_ring_allreduce: 4 of 10.`; a few are right answers written another way, which must keep
+full marks. The files of a lesson are packed into as few submission folders as possible,
+at most one per exercise in a folder, and every exercise a folder leaves alone must keep
+its full marks: so a mistake costs its own exercise only.
+
+To stay fast, each grading worker is launched once per world size for all the folders of a
+lesson (--submissions A,B,...), and then the real grading tests score each folder from its
+share of those jobs (COURSE_GRADING_JOBS: see tests/grading/jobs.py) instead of launching
+their own.
+"""
+
+import importlib.util
+import json
+import re
+import threading
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+
+import pytest
+from util import PYTHON, ROOT, run
+
+from ddpcourse.grading import summarise
+from ddpcourse.launch import launch
+from ddpcourse.lessons import exercise_markers
+
+pytestmark = pytest.mark.skipif(not (ROOT / "solutions").is_dir(),
+                                reason="this copy of the course has no solutions/")
+
+WRONG = ROOT / "tests" / "project" / "wrong_submissions"
+HEADER = re.compile(r'^"""(l\d+_\w+): (\d+) of (\d+)\.')
+# The jobs each lesson's grading tests read (tests/grading/test_lessonN.py): name, worker
+# and shape. A job missing here fails the grading test that asks for it.
+JOBS = {
+    1: [("lesson1_W4", "lesson1_identity.py", 2, 2)],
+    3: [("lesson3_W2", "lesson3_ddp.py", 2, 1), ("lesson3_W3", "lesson3_ddp.py", 3, 1)],
+    4: [("lesson4_W2", "lesson4_checks.py", 2, 1), ("lesson4_W3", "lesson4_checks.py", 3, 1),
+        ("lesson4_W4", "lesson4_checks.py", 2, 2)],
+}
+
+
+def mistakes(lesson):
+    """exercise -> [(file, points earned, points possible)], files in name order."""
+    found = {}
+    for path in sorted((WRONG / f"lesson{lesson}").glob("*.py")):
+        header = HEADER.match(path.read_text())
+        assert header, f"{path.name} must open with '\"\"\"<exercise>: <n> of <m>.'"
+        exercise, earned, possible = header.group(1), int(header.group(2)), int(header.group(3))
+        found.setdefault(exercise, []).append((path, earned, possible))
+    return found
+
+
+def build_folders(lesson, base):
+    """Folder k holds the k-th mistake of every exercise that has one; returns
+    [(folder, {exercise: (earned, possible, file name)})]."""
+    solution = (ROOT / "solutions" / f"lesson{lesson}" / "exercises.py").read_text()
+    by_exercise = mistakes(lesson)
+    folders = []
+    for k in range(max(len(v) for v in by_exercise.values())):
+        chosen = {ex: v[k] for ex, v in by_exercise.items() if k < len(v)}
+        folder = base / f"lesson{lesson}_{k}"
+        (folder / f"lesson{lesson}").mkdir(parents=True)
+        (folder / f"lesson{lesson}" / "exercises.py").write_text(solution + "".join(
+            f"\n\n# --- from {path.name}\n{path.read_text()}" for path, _, _ in chosen.values()))
+        folders.append((folder, {ex: (earned, possible, path.name)
+                                 for ex, (path, earned, possible) in chosen.items()}))
+    return folders
+
+
+def launch_jobs_for_all(lesson, folders, base):
+    """Every job of the lesson once, grading all folders; each folder's share of each job is
+    written where COURSE_GRADING_JOBS will look for it."""
+    names = ",".join(str(folder) for folder, _ in folders)
+    for name, worker, nproc, nnodes in JOBS[lesson]:
+        result = launch(f"tests/grading/workers/{worker}", ["--submissions", names],
+                        nproc=nproc, nnodes=nnodes, timeout=200, capture=True, echo=False,
+                        cwd=str(ROOT))
+        assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+        blocks = re.split(r"^### submission (.+)$", result.stdout, flags=re.M)
+        shares = dict(zip(blocks[1::2], blocks[2::2], strict=True))
+        for folder, _ in folders:
+            jobs = base / "jobs" / folder.name
+            jobs.mkdir(parents=True, exist_ok=True)
+            (jobs / f"{name}.json").write_text(json.dumps(
+                {"returncode": 0, "stdout": shares[str(folder)], "stderr": ""}))
+
+
+def grade(lesson, folder, base):
+    """The real grading of one folder (its jobs replayed): points per exercise, and the
+    grading's report (for a failure message)."""
+    results = base / "results" / f"{folder.name}.json"
+    report = run([PYTHON, "-m", "pytest", f"tests/grading/test_lesson{lesson}.py", "-q",
+                  "--tb=line", "-p", "no:cacheprovider"],
+                 env={"COURSE_SUBMISSION": str(folder), "COURSE_RESULTS": str(results),
+                      "COURSE_GRADING_JOBS": str(base / "jobs" / folder.name)}, timeout=200)
+    assert results.exists(), report.stdout[-3000:] + report.stderr[-2000:]
+    tests = json.loads(results.read_text())["tests"]
+    scores = {name: (s["earned"], s["possible"]) for name, s in summarise(tests).items()}
+    return scores, report.stdout
+
+
+LESSONS = sorted(int(p.name[len("lesson"):]) for p in WRONG.glob("lesson*"))
+
+
+def test_every_graded_exercise_has_wrong_submissions_that_cost_points():
+    on_file = {}
+    for lesson in LESSONS:
+        on_file.update(mistakes(lesson))
+    assert set(on_file) == set(exercise_markers()), "exercises without wrong submissions"
+    for exercise, found in on_file.items():
+        assert any(e < p for _, e, p in found), f"every {exercise} file keeps full marks"
+        assert len({p for _, _, p in found}) == 1, f"{exercise}: files disagree on its points"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("lesson", LESSONS)
+def test_each_mistake_costs_its_own_exercise_what_it_is_worth(tmp_path, lesson):
+    folders = build_folders(lesson, tmp_path)
+    launch_jobs_for_all(lesson, folders, tmp_path)
+    with ThreadPoolExecutor(2) as pool:  # the grading runs mostly import torch: two at once
+        graded = list(pool.map(lambda f: grade(lesson, f[0], tmp_path), folders))
+    problems = []
+    for (folder, expected), (got, report) in zip(folders, graded, strict=True):
+        assert set(expected) <= set(got), (expected, got)
+        before = len(problems)
+        for exercise, (earned, possible) in got.items():
+            if exercise in expected:
+                want_earned, want_possible, name = expected[exercise]
+                if (earned, possible) != (want_earned, want_possible):
+                    problems.append(f"{name}: {exercise} scored {earned:g} of {possible:g}, "
+                                    f"expected {want_earned} of {want_possible}")
+            elif earned != possible:
+                problems.append(f"{folder.name} ({', '.join(n for *_, n in expected.values())})"
+                                f": {exercise}, left alone, scored {earned:g} of {possible:g}")
+        if len(problems) > before:
+            problems.append(f"grading of {folder.name}:\n{report[-2500:]}")
+    assert not problems, "\n".join(problems)
+    # Every exercise of the lesson has mistakes on file, and at least one that costs points.
+    exercises = set(graded[0][0])
+    by_exercise = mistakes(lesson)
+    assert set(by_exercise) == exercises
+    assert all(any(e < p for _, e, p in v) for v in by_exercise.values()), by_exercise
+
+
+def load_traffic():
+    path = ROOT / "tests" / "grading" / "workers" / "traffic.py"
+    spec = importlib.util.spec_from_file_location("grading_traffic", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_every_route_to_a_ready_made_collective_is_refused():
+    """Lesson 4's ban holds however a collective is reached: all of them end at torch's
+    dispatcher (or, for a backend's own methods, at the Python level)."""
+    import torch
+    import torch.distributed as dist
+    import torch.distributed._functional_collectives as funcol
+    import torch.distributed._functional_collectives_impl as funcol_impl
+    from torch.distributed.distributed_c10d import broadcast as bound_before
+
+    traffic = load_traffic()
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1,
+                            timeout=timedelta(seconds=10))
+    try:
+        world, x = dist.group.WORLD, torch.ones(3)
+
+        def in_a_thread(fn):
+            errors = []
+            thread = threading.Thread(target=lambda: errors.extend(catch(fn)))
+            thread.start()
+            thread.join()
+            if errors:
+                raise errors[0]
+
+        def catch(fn):
+            try:
+                fn()
+            except Exception as error:
+                return [error]
+            return []
+
+        def coalesced():
+            with dist.distributed_c10d._coalescing_manager():
+                dist.all_reduce(x)
+
+        routes = {
+            "dist.all_reduce": lambda: dist.all_reduce(x),
+            "a function imported before the ban": lambda: bound_before(x, 0),
+            "a ProcessGroup method": lambda: world.allreduce([x]).wait(),
+            "the c10d operator": lambda: torch.ops.c10d.allreduce_(
+                [x], world.boxed(), torch.classes.c10d.ReduceOp(), None, False),
+            "a backend's own method": lambda: world._get_backend(torch.device("cpu"))
+            .allreduce([x]).wait(),
+            "functional collectives": lambda: funcol.wait_tensor(
+                funcol.all_reduce(x, "sum", world)),
+            "their legacy implementation": lambda: funcol_impl._all_reduce(x, "sum", "", [0], 1),
+            "torch.ops._c10d_functional": lambda: torch.ops._c10d_functional.all_reduce_(
+                x, "sum", world.group_name),
+            "_coalescing_manager": coalesced,
+            "all_gather_object": lambda: dist.all_gather_object([None], 1),
+            "functional collectives in another thread": lambda: in_a_thread(
+                lambda: funcol.all_reduce(x, "sum", world)),
+        }
+        not_refused = []
+        for name, route in routes.items():
+            refused = []
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # deprecation notices of the old routes
+                with traffic.collectives_refused(refused):
+                    errors = catch(route)
+            if not (refused and errors and isinstance(errors[0], traffic.RefusedCollective)):
+                not_refused.append(f"{name}: {errors}")
+        assert not not_refused, not_refused
+        dist.all_reduce(x)  # and afterwards every collective works again
+        world._get_backend(torch.device("cpu")).allreduce([x]).wait()
+        assert x.tolist() == [1.0, 1.0, 1.0]
+    finally:
+        dist.destroy_process_group()
