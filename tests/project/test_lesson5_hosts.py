@@ -254,8 +254,11 @@ def test_hosts_are_removed_when_the_body_raises_and_their_processes_stopped():
     assert not set(hosts.names + [hosts.switch]) & set(H.list_namespaces())
 
 
+# A job started in the background by a shell inherits SIGINT ignored (so does this child,
+# when the tests run that way); a student's Ctrl-C reaches a foreground run. Restore it.
 CHILD = r"""
-import time
+import signal, time
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from ddpcourse.hosts import Hosts
 with Hosts(2) as hosts:
     sleeper = hosts.popen(1, ["sleep", "60"])
