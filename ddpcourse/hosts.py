@@ -384,21 +384,31 @@ class Hosts:
 
     # Running inside a host ------------------------------------------------------------------
 
-    def command(self, k: int, argv: list[str]) -> list[str]:
-        """argv as run inside host k."""
+    def command(self, k: int, argv: list[str], hostname: bool = False) -> list[str]:
+        """argv as run inside host k.
+
+        hostname=True also gives it a UTS namespace of its own whose hostname is host<k>, so
+        that there `hostname` names the host, as on a real machine; the processes it starts
+        (a daemon's jobs) inherit that. Needs `unshare` and `hostname`.
+        """
+        if hostname:
+            argv = ["unshare", "--uts", "sh", "-c", 'hostname "$0" && exec "$@"', f"host{k}",
+                    *argv]
         return ["ip", "netns", "exec", self.names[k], *argv]
 
     def env(self, base: dict | None = None) -> dict:
         """The environment for a process inside a host: gloo and nccl use eth0."""
         return dict(os.environ if base is None else base, **HOST_ENV)
 
-    def run(self, k: int, argv: list[str], env: dict | None = None, **kwargs):
+    def run(self, k: int, argv: list[str], env: dict | None = None, hostname: bool = False,
+            **kwargs):
         """subprocess.run inside host k."""
-        return subprocess.run(self.command(k, argv), env=self.env(env), **kwargs)
+        return subprocess.run(self.command(k, argv, hostname), env=self.env(env), **kwargs)
 
-    def popen(self, k: int, argv: list[str], env: dict | None = None, **kwargs):
+    def popen(self, k: int, argv: list[str], env: dict | None = None, hostname: bool = False,
+              **kwargs):
         """subprocess.Popen inside host k; the process is killed when the hosts go."""
-        return subprocess.Popen(self.command(k, argv), env=self.env(env), **kwargs)
+        return subprocess.Popen(self.command(k, argv, hostname), env=self.env(env), **kwargs)
 
     def describe(self) -> str:
         link = f"link {self.link.text} each way" if self.link else "unshaped links"

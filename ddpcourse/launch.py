@@ -6,6 +6,9 @@ arguments are reported before the course environment is even built.
 One node:   torchrun --nnodes=1 --nproc-per-node=k --master-addr=127.0.0.1 --master-port=P script
 n nodes:    the same command n times with --node-rank=0..n-1, all on this machine, which is
             how a multi-node job is simulated: each torchrun is one "node" agent.
+--rdzv c10d (or RDZV=c10d): the same command n times, --rdzv-backend=c10d
+            --rdzv-endpoint=127.0.0.1:P --rdzv-id=jobP and no --node-rank: the agents meet at
+            the endpoint and the rendezvous numbers them (lesson 5).
 """
 
 from __future__ import annotations
@@ -85,22 +88,37 @@ def torchrun_commands(
     nnodes: int,
     port: int,
     torchrun: str = "torchrun",
+    rdzv: str = "static",
 ) -> list[list[str]]:
-    """One torchrun command per simulated node; node 0 hosts the rendezvous store."""
+    """One torchrun command per simulated node.
+
+    static: node 0 (--node-rank=0) hosts the store at --master-addr:--master-port.
+    c10d: every node runs the same command; they meet at --rdzv-endpoint, whose store one of
+    them hosts, and the rendezvous gives out the node ranks.
+    """
     commands = []
     for node_rank in range(nnodes):
         cmd = [torchrun, f"--nnodes={nnodes}"]
-        if nnodes > 1:
-            cmd.append(f"--node-rank={node_rank}")
-        cmd += [
-            f"--nproc-per-node={nproc}",
-            "--master-addr=127.0.0.1",
-            f"--master-port={port}",
-            script,
-            *script_args,
-        ]
+        if rdzv == "c10d":
+            cmd += [f"--nproc-per-node={nproc}", "--rdzv-backend=c10d",
+                    f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id=job{port}"]
+        else:
+            if nnodes > 1:
+                cmd.append(f"--node-rank={node_rank}")
+            cmd += [f"--nproc-per-node={nproc}", "--master-addr=127.0.0.1",
+                    f"--master-port={port}"]
+        cmd += [script, *script_args]
         commands.append(cmd)
     return commands
+
+
+RDZV_BACKENDS = ("static", "c10d")
+
+
+def check_rdzv(rdzv: str) -> None:
+    if rdzv not in RDZV_BACKENDS:
+        raise LaunchError(f"RDZV={rdzv!r} is not a rendezvous the course launches; use static "
+                          "(--node-rank, --master-addr, --master-port) or c10d")
 
 
 def default_torchrun() -> str:
@@ -163,6 +181,8 @@ class AgentErrorFilter:
 
     The failing worker has already printed its own message (or traceback) above; the agent's
     30-line report after it says little more than which rank failed with which exit code.
+    When the worker recorded its exception in an error file (@record), the line also names
+    the host and the exception, which matter when --redirects kept it off the console.
     Set COURSE_RAW_TORCHRUN=1 to see it unabridged.
 
     Why parse text: torchrun has no option that leaves this report out. Its `main` is wrapped
@@ -199,14 +219,15 @@ class AgentErrorFilter:
         if self.swallowing:
             if line.startswith("Root Cause"):
                 self.failure["_root"] = "yes"
-            for key in ("rank", "exitcode"):
+            for key in ("rank", "exitcode", "host", "error_file"):
                 m = re.match(rf"\s*{key}\s*:\s*(\S+)", line)
                 if m and self.failure.get("_root") and key not in self.failure:
                     self.failure[key] = m.group(1)
+            if self.failure.get("_root") and "error_file" in self.failure and (
+                    line.strip() and not line.startswith("=====")):
+                self.failure["_last"] = line.strip()  # the traceback's last line, in the end
             if line.startswith("=====") and self.failure.get("_opened"):
-                self.emit(f"error: the job failed: rank {self.failure.get('rank', '?')} exited "
-                          f"with code {self.failure.get('exitcode', '?')} first "
-                          "(the workers' own messages are above)\n")
+                self.emit(self.one_line(self.failure))
                 self.swallowing, self.failure = False, {}
             elif line.startswith("====="):
                 self.failure["_opened"] = "yes"
@@ -227,6 +248,24 @@ class AgentErrorFilter:
             self.held = [line]
             return
         self.emit(line)
+
+    @staticmethod
+    def one_line(failure: dict[str, str]) -> str:
+        """The report in one line; with the root cause's error file (a worker whose main is
+        wrapped in @record wrote it), also its host and its exception."""
+        first = (f"error: the job failed: rank {failure.get('rank', '?')} exited with code "
+                 f"{failure.get('exitcode', '?')} first")
+        error_file = failure.get("error_file", "<N/A>")
+        if error_file.startswith("<"):
+            return f"{first} (the workers' own messages are above)\n"
+        try:  # torch/distributed/elastic/multiprocessing/errors/error_handler.py writes it
+            with open(error_file) as f:
+                message = json.load(f)["message"]["message"]
+        except (OSError, ValueError, KeyError, TypeError):
+            message = failure.get("_last", "")
+        message = " ".join(str(message).split())
+        return (f"{first}, on host {failure.get('host', '?')}: {message} (error file: "
+                f"{error_file})\n")
 
     def close(self) -> None:
         for held in self.held:
@@ -329,14 +368,17 @@ def launch(
     echo: bool = True,
     torchrun: str | None = None,
     backend: str = "",
+    rdzv: str = "static",
 ) -> subprocess.CompletedProcess:
     """Check, print and run a torchrun job on this machine. Used by make and by the tests.
 
     backend: "" lets the scripts pick from the hardware (nccl on GPUs, else gloo); "gloo"
     hides the GPUs, so they run on the CPU; "nccl" insists on GPUs.
+    rdzv: "static" (--node-rank per node) or "c10d" (the agents meet at a rendezvous).
     """
     env = dict(os.environ if env is None else env)
     check_backend(backend, env)
+    check_rdzv(rdzv)
     if port is None:
         port = free_port()
     else:
@@ -348,11 +390,12 @@ def launch(
             f"{where} processes but this machine has {gpus} GPU(s): one process per GPU, so "
             f"use at most {gpus} (or BACKEND=gloo to run on the CPU)"
         )
-    cache = shared_job_cache(script, script_args, nproc, nnodes, backend, env, cwd, capture)
+    cache = shared_job_cache(script, script_args, nproc, nnodes, backend, env, cwd, capture,
+                             rdzv)
     if cache is not None and os.path.exists(cache):
         return replay(cache, echo)
     commands = torchrun_commands(
-        script, script_args or [], nproc, nnodes, port, torchrun or default_torchrun()
+        script, script_args or [], nproc, nnodes, port, torchrun or default_torchrun(), rdzv
     )
     settings: dict[str, str] = {"CUDA_VISIBLE_DEVICES": ""} if backend == "gloo" else {}
     if "OMP_NUM_THREADS" not in env:
@@ -396,7 +439,8 @@ JOB_SETTINGS = ("COURSE_", "TORCH", "NCCL", "GLOO", "CUDA", "OMP_", "MASTER_", "
                 "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "PYTHONPATH")
 
 
-def shared_job_cache(script, script_args, nproc, nnodes, backend, env, cwd, capture):
+def shared_job_cache(script, script_args, nproc, nnodes, backend, env, cwd, capture,
+                     rdzv="static"):
     folder = os.environ.get(JOB_CACHE, "")
     path = os.path.abspath(os.path.join(cwd or ".", script))
     lesson_script = os.path.basename(os.path.dirname(path)) == "scripts"
@@ -406,8 +450,9 @@ def shared_job_cache(script, script_args, nproc, nnodes, backend, env, cwd, capt
                       and k != JOB_CACHE)
     with open(path, "rb") as f:
         content = hashlib.sha256(f.read()).hexdigest()
-    key = json.dumps([path, content, list(script_args or []), nproc, nnodes, backend,
-                      os.path.abspath(cwd or "."), settings])
+    key = [path, content, list(script_args or []), nproc, nnodes, backend,
+           os.path.abspath(cwd or "."), settings]
+    key = json.dumps(key + ([rdzv] if rdzv != "static" else []))
     return os.path.join(folder, hashlib.sha256(key.encode()).hexdigest()[:24] + ".json")
 
 
@@ -447,6 +492,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", default="", help="rendezvous port (PORT); free one if empty")
     parser.add_argument("--timeout", default="600", help="wall-clock limit in seconds")
     parser.add_argument("--backend", default="", help="gloo, nccl, or empty (BACKEND)")
+    parser.add_argument("--rdzv", default=os.environ.get("RDZV", "static"),
+                        help="static (--node-rank per node) or c10d (RDZV, default static)")
     parser.add_argument("--check", action="store_true", help="only check the arguments")
     parser.add_argument("script", nargs="?")
     parser.add_argument("script_args", nargs=argparse.REMAINDER)
@@ -457,6 +504,8 @@ def main(argv: list[str] | None = None) -> int:
         timeout = positive_int("TIMEOUT", args.timeout, 24 * 3600)
         port = positive_int("PORT", args.port, 65535) if args.port.strip() else None
         backend = args.backend.strip()
+        rdzv = args.rdzv.strip() or "static"
+        check_rdzv(rdzv)
         if args.check:
             check_backend(backend)  # launch() checks it otherwise
             return 0
@@ -465,7 +514,7 @@ def main(argv: list[str] | None = None) -> int:
         if not os.path.exists(args.script):
             raise LaunchError(f"script {args.script} does not exist")
         result = launch(args.script, args.script_args, nproc, nnodes, port, timeout,
-                        backend=backend)
+                        backend=backend, rdzv=rdzv)
     except LaunchError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -40,6 +40,7 @@ JOBS = {
     3: [("lesson3_W2", "lesson3_ddp.py", 2, 1), ("lesson3_W3", "lesson3_ddp.py", 3, 1)],
     4: [("lesson4_W2", "lesson4_checks.py", 2, 1), ("lesson4_W3", "lesson4_checks.py", 3, 1),
         ("lesson4_W4", "lesson4_checks.py", 2, 2)],
+    5: [("lesson5_W4", "lesson5_devices.py", 2, 2)],
 }
 
 

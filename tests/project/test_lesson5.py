@@ -1,0 +1,349 @@
+"""Lesson 5: what torchrun hands each process under a static launch and under c10d
+rendezvous; the same world joined with env://, tcp:// and file://; the failure drills, each
+ending in seconds with the line a student needs; per-rank logs and @record's error file; a
+model split over the devices of each DDP process, matching the unsplit model.
+
+Every job is launched once (module-scoped fixtures) and checked many ways. The drills run
+once, four at a time, with 5-second timeouts. Those that need separate hosts (network
+namespaces, root) say they were skipped where hosts cannot be made.
+"""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from util import PYTHON, ROOT, run
+
+from ddpcourse import hosts as H
+from ddpcourse.launch import AgentErrorFilter, free_port, launch, torchrun_commands
+
+HOSTS_REASON = H.unavailable_reason()
+
+
+def summary(stdout: str) -> dict[str, str]:
+    lines = [line for line in stdout.splitlines() if line.startswith("summary: ")]
+    assert len(lines) == 1, stdout  # rank 0 alone prints it
+    return dict(re.findall(r"(\w+)=(\S+)", lines[0]))
+
+
+def table(stdout: str) -> list[dict[str, str]]:
+    """The first table of the output (a header, a rule of dashes, rows) as dicts."""
+    lines = stdout.splitlines()
+    rule = next(i for i, line in enumerate(lines) if re.fullmatch(r"-+(  -+)*", line))
+    headers = re.split(r"\s{2,}", lines[rule - 1].strip())
+    rows = []
+    for line in lines[rule + 1:]:
+        if not line[:1].isdigit():
+            break
+        rows.append(dict(zip(headers, re.split(r"\s{2,}", line.strip()), strict=True)))
+    return rows
+
+
+def shared(stdout: str) -> dict[str, str]:
+    """The variables lesson5_env.py lists once, as the same in every process."""
+    return dict(re.findall(r"^  ([A-Z_]+)\s+(\S+)", stdout, re.M))
+
+
+# --- the launcher: c10d rendezvous and the failure line (no processes) ----------------------
+
+def test_c10d_commands_are_the_same_on_every_node_with_no_node_rank():
+    commands = torchrun_commands("s.py", ["--x"], nproc=2, nnodes=2, port=1234, rdzv="c10d")
+    assert commands == [["torchrun", "--nnodes=2", "--nproc-per-node=2", "--rdzv-backend=c10d",
+                         "--rdzv-endpoint=127.0.0.1:1234", "--rdzv-id=job1234", "s.py",
+                         "--x"]] * 2
+
+
+def test_an_unknown_rendezvous_is_one_line():
+    result = run([PYTHON, "-m", "ddpcourse.launch", "--check", "--rdzv", "etcd"], timeout=30)
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [
+        "error: RDZV='etcd' is not a rendezvous the course launches; use static (--node-rank, "
+        "--master-addr, --master-port) or c10d"]
+    result = run([PYTHON, "-m", "ddpcourse.launch", "--check"], timeout=30, env={"RDZV": "x"})
+    assert result.returncode == 2 and "RDZV='x'" in result.stderr  # make passes RDZV=...
+
+
+def report_lines(error_file: str) -> list[str]:
+    return ["Traceback (most recent call last):\n", '  File "/v/bin/torchrun", line 6\n',
+            "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n",
+            "=" * 20 + "\n", "train.py FAILED\n", "Root Cause (first observed failure):\n",
+            "[0]:\n", "  host      : node7\n", "  rank      : 5 (local_rank: 1)\n",
+            "  exitcode  : 1 (pid: 9)\n", f"  error_file: {error_file}\n",
+            "  traceback : Traceback (most recent call last):\n",
+            '    File "train.py", line 3, in main\n', "  ValueError: from the traceback\n",
+            "  \n", "=" * 20 + "\n"]
+
+
+def test_the_failure_line_names_the_host_and_the_exception_of_the_error_file(tmp_path):
+    error_file = tmp_path / "error.json"
+    error_file.write_text(json.dumps({"message": {
+        "message": "ValueError: bad\nbatch", "extraInfo": {"py_callstack": "...",
+                                                          "timestamp": "1"}}}))
+    lines = []
+    f = AgentErrorFilter(lines.append)
+    for line in report_lines(str(error_file)):
+        f.feed(line)
+    assert lines == [f"error: the job failed: rank 5 exited with code 1 first, on host node7: "
+                     f"ValueError: bad batch (error file: {error_file})\n"]
+    lines.clear()  # the file gone (another machine's disk): the traceback's last line
+    f = AgentErrorFilter(lines.append)
+    for line in report_lines(str(tmp_path / "elsewhere.json")):
+        f.feed(line)
+    assert "on host node7: ValueError: from the traceback (error file:" in lines[0]
+
+
+# --- what torchrun hands each process -------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def static_job():
+    """2 simulated nodes x 2, static launch; the world joined with env://, tcp://, file://."""
+    result = launch("scripts/lesson5_env.py",
+                    ["--init", "env,tcp,file", "--init-port", str(free_port()),
+                     "--timeout", "60"],
+                    nproc=2, nnodes=2, timeout=180, cwd=str(ROOT), capture=True, echo=False,
+                    backend="gloo")
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result
+
+
+@pytest.fixture(scope="module")
+def c10d_job():
+    """2 simulated nodes x 1, meeting by c10d rendezvous: no --node-rank."""
+    result = launch("scripts/lesson5_env.py", ["--timeout", "60"], nproc=1, nnodes=2,
+                    timeout=180, cwd=str(ROOT), capture=True, echo=False, backend="gloo",
+                    rdzv="c10d")
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_static_launch_every_variable_once_in_rank_order(static_job):
+    out = static_job.stdout
+    port = re.search(r"--master-port=(\d+)", " ".join(static_job.args[0])).group(1)
+    assert "launch: static rendezvous: each agent was told its node rank (--node-rank)" in out
+    assert f"store: node 0's agent hosts it at 127.0.0.1:{port}" in out
+    rows = table(out)
+    assert [(r["rank"], r["RANK"], r["LOCAL_RANK"], r["GROUP_RANK"], r["ROLE_RANK"])
+            for r in rows] == [("0", "0", "0", "0", "0"), ("1", "1", "1", "0", "1"),
+                               ("2", "2", "0", "1", "2"), ("3", "3", "1", "1", "3")]
+    assert rows[0]["agent pid"] == rows[1]["agent pid"] != rows[2]["agent pid"]
+    assert shared(out) == {
+        "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2", "GROUP_WORLD_SIZE": "2",
+        "ROLE_WORLD_SIZE": "4", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
+        "TORCHELASTIC_RUN_ID": "none", "TORCHELASTIC_RESTART_COUNT": "0",
+        "TORCHELASTIC_MAX_RESTARTS": "0", "TORCHELASTIC_USE_AGENT_STORE": "True"}
+    assert summary(out) == {"world_size": "4", "nodes": "2", "init": "env,tcp,file",
+                            "backend": "gloo", "wall_s": summary(out)["wall_s"]}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_env_tcp_and_file_join_the_same_world(static_job):
+    checks = [line for line in static_job.stdout.splitlines() if line.startswith("check: ")]
+    init_port = static_job.args[0][static_job.args[0].index("--init-port") + 1]
+    master_port = shared(static_job.stdout)["MASTER_PORT"]
+    tail = " joined the same world of 4: dist.get_rank() == RANK in every process"
+    passed = " (rank and world_size passed in)"
+    assert checks == [
+        "check: init_method='env://'" + tail,
+        f"check: init_method='tcp://127.0.0.1:{init_port}'" + passed + tail,
+        f"check: init_method='file://{ROOT}/runs/lesson5_init_{master_port}'" + passed + tail]
+    assert not (ROOT / "runs" / f"lesson5_init_{master_port}").exists()  # the store removed it
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_c10d_rendezvous_numbers_the_nodes_and_opens_a_new_store(c10d_job):
+    out = c10d_job.stdout
+    endpoint = re.search(r"--rdzv-endpoint=(\S+)", " ".join(c10d_job.args[0])).group(1)
+    port = endpoint.rsplit(":", 1)[1]
+    assert (f"launch: c10d rendezvous at {endpoint}, run id job{port}, no --node-rank: the "
+            "rendezvous numbered the agents, sorted by host name, then pid") in out
+    variables = shared(out)
+    assert variables["TORCHELASTIC_RUN_ID"] == f"job{port}"
+    assert variables["MASTER_PORT"] != port  # not the endpoint: a store node 0 opened
+    assert f"not at the rendezvous endpoint {endpoint}" in out
+    rows = table(out)
+    assert [(r["RANK"], r["GROUP_RANK"]) for r in rows] == [("0", "0"), ("1", "1")]
+    # who is node 0? On one host, the agent with the lower pid: the rendezvous sorts them
+    assert int(rows[0]["agent pid"]) < int(rows[1]["agent pid"])
+    assert summary(out)["world_size"] == "2"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_a_bad_init_method_is_one_line():
+    result = run([PYTHON, "scripts/lesson5_env.py", "--init", "env,udp"], timeout=50)
+    assert result.returncode == 2
+    assert result.stderr.splitlines()[-1] == (
+        "lesson5_env.py: error: --init takes env, tcp or file (or a comma-separated list of "
+        "them), not 'env,udp' (--help lists the options)")
+    assert result.stdout == ""
+
+
+# --- the drills --------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def drills(tmp_path_factory):
+    logs = tmp_path_factory.mktemp("lesson5_logs")
+    result = run([PYTHON, "scripts/lesson5_drills.py", "--jobs", "4", "--log-dir", str(logs)],
+                 timeout=400)
+    lines = {}
+    for line in result.stdout.splitlines():
+        m = re.match(r"([a-z-]+): ", line)
+        if m:
+            lines[m.group(1)] = line
+    return result, lines, logs
+
+
+def took(line: str) -> float:
+    return float(re.search(r"\(exit 1 after ([\d.]+) s\)", line).group(1))
+
+
+# drill: (what the student sees, what to do), as the drill's line says them
+EXPECTED = {
+    "wrong-port": (r'"The client socket has timed out after 5000ms while trying to connect to '
+                   r'\(127\.0\.0\.1, (\d+)\)\."', "every node must be given node 0's"),
+    "wrong-addr": (r'"The client socket has timed out after 5000ms while trying to connect to '
+                   r'\(127\.0\.0\.1, 29500\)\."', "127.0.0.1 is host 1 itself"),
+    "never-joins": (r'"RendezvousTimeoutError"', "start the agent on every node"),
+    "nnodes-mismatch": (r'"DistStoreError: Timed out after \d+ seconds waiting for clients\. '
+                        r'[12]/3 clients joined\."', "the same --nnodes"),
+    "ifname-missing": (r'"RuntimeError: ifa != nullptr\. Unable to find address for: eth9"',
+                       "name an interface the machine has"),
+    "ifname-lo": (r'"Gloo connectFullMesh failed .*remote=\[127\.0\.0\.1\]',
+                  "GLOO_SOCKET_IFNAME=eth0"),
+    "port-in-use": (r'"DistNetworkError: The server socket has failed to listen on any local '
+                    r'network address\. port: (\d+), .*EADDRINUSE', "pick a free --master-port"),
+    "failing-rank": (r'"error: the job failed: rank 1 exited with code 1 first, on host \S+: '
+                     r'RuntimeError: rank 1 on \S+ cannot train step 2: planted failure '
+                     r'\(--fail-rank\) \(error file: \S+/attempt_0/1/error\.json\)"',
+                     "read the root cause's error file"),
+}
+NEED_HOSTS = {"wrong-addr", "ifname-lo"}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+@pytest.mark.parametrize("name", list(EXPECTED))
+def test_each_drill_ends_in_seconds_with_the_line_to_act_on(drills, name):
+    result, lines, _ = drills
+    assert set(lines) == set(EXPECTED) | {"summary"}, result.stdout + result.stderr
+    line = lines[name]
+    if name in NEED_HOSTS and HOSTS_REASON:
+        assert line == (f"{name}: skipped: {HOSTS_REASON.split(';')[0]} (this drill needs "
+                        "separate hosts)")
+        return
+    seen, fix = EXPECTED[name]
+    assert re.search(f" -> {seen}", line), line
+    assert "Fix: " in line and fix in line.split("Fix: ", 1)[1]
+    assert took(line) < 60  # ended by torch's own 5 s timeouts, not the drill's limit
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+def test_the_drills_all_behave_and_say_what_was_done(drills):
+    result, lines, _ = drills
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.splitlines()[0] == (
+        "8 drill(s), torch timeouts 5 s, at most 90 s each, 4 at a time")
+    assert summary(result.stdout) == {"drills": "8", "as_expected": "8", "unexpected": "0"}
+    typo = re.search(r"--master-port=(\d+) ->", lines["wrong-port"]).group(1)
+    assert re.search(EXPECTED["wrong-port"][0], lines["wrong-port"]).group(1) == typo
+    port = re.search(r"--master-port=(\d+) another program", lines["port-in-use"]).group(1)
+    assert re.search(EXPECTED["port-in-use"][0], lines["port-in-use"]).group(1) == port
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+def test_the_failing_rank_leaves_per_rank_logs_and_an_error_file(drills):
+    result, _, logs = drills
+    runs = list(logs.iterdir())
+    assert len(runs) == 1 and runs[0].name.startswith("none_")  # <run id>_<random>
+    attempt = runs[0] / "attempt_0"
+    assert sorted(p.name for p in attempt.iterdir() if p.is_dir()) == ["0", "1"]
+    for local_rank in "01":
+        assert (attempt / local_rank / "stdout.log").exists()
+        assert (attempt / local_rank / "stderr.log").exists()
+    assert "rank 1: step 1 loss" in (attempt / "1" / "stdout.log").read_text()
+    error = json.loads((attempt / "1" / "error.json").read_text())["message"]
+    assert error["message"].startswith("RuntimeError: rank 1 on ")
+    assert 'lesson5_failing_rank.py", line' in error["extraInfo"]["py_callstack"]
+    assert "RuntimeError: rank 1 on" in (attempt / "1" / "stderr.log").read_text()
+    out = result.stdout
+    assert f"  logs: {attempt}/<local rank>/{{error.json,stderr.log,stdout.log}}, local ranks " \
+           "0, 1" in out
+    assert re.search(r"^  error file of local rank 1 \(the root cause\): RuntimeError: rank 1 "
+                     r"on \S+ cannot train step 2: planted failure \(--fail-rank\) \(raised at "
+                     r"scripts/lesson5_failing_rank\.py line \d+ in main\)$", out, re.M)
+    # rank 0 failed too, waiting for rank 1 in the all-reduce: a consequence, said so
+    assert "  error file of local rank 0 (a consequence): " in out
+    assert ("  console: local rank(s) 0 only (--local-ranks-filter 0), each line prefixed "
+            "[default<local rank>]:; the files keep every rank's output") in out
+
+
+def test_the_drills_list_themselves_and_refuse_an_unknown_name():
+    listed = run([PYTHON, "scripts/lesson5_drills.py", "--list"], timeout=30)
+    assert listed.returncode == 0
+    assert [line.split()[0] for line in listed.stdout.splitlines()] == list(EXPECTED)
+    wrong = run([PYTHON, "scripts/lesson5_drills.py", "--only", "typo"], timeout=30)
+    assert wrong.returncode == 2 and wrong.stdout == ""
+    assert len(wrong.stderr.splitlines()) == 1
+    assert wrong.stderr.startswith("lesson5_drills.py: error: argument --only: invalid choice: "
+                                   "'typo'")
+
+
+# --- a model split over the devices of each process -----------------------------------------
+
+@pytest.fixture(scope="module")
+def split_job(tmp_path_factory):
+    picture = tmp_path_factory.mktemp("lesson5") / "split.png"
+    result = launch("scripts/lesson5_model_split.py",
+                    ["--steps", "3", "--picture", str(picture)], nproc=3, timeout=180,
+                    cwd=str(ROOT), capture=True, echo=False, backend="gloo")
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result, picture
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_the_split_model_trains_like_the_unsplit_one(split_job):
+    result, picture = split_job
+    out = result.stdout
+    assert out.splitlines()[0] == ("no GPUs here: all 2 stages of every process run on the "
+                                   "CPU (the same code; on GPUs they would be k different "
+                                   "devices)")
+    assert ("3 process(es) on 1 node(s), each driving 2 device(s); global batch 255 = 3 x 85, "
+            "lr 0.0996094 (256 does not split over 3 processes; rounded down)") in out
+    assert [(r["rank"], r["local rank"], r["stages"]) for r in table(out)] == [
+        (str(r), str(r), "stage 0: cpu, stage 1: cpu") for r in range(3)]
+    steps = re.findall(r"^step (\d)/3  loss split ([\d.]+)  unsplit ([\d.]+)  ", out, re.M)
+    assert [s[0] for s in steps] == ["1", "2", "3"]
+    for _, split, unsplit in steps:
+        assert float(split) == pytest.approx(float(unsplit), rel=1e-5)
+    assert re.search(r"^check: the split model matches the unsplit one over 3 steps", out, re.M)
+    s = summary(out)
+    assert (s["world_size"], s["nodes"], s["devices_per_process"]) == ("3", "1", "2")
+    assert float(s["loss_split"]) == pytest.approx(float(s["loss_unsplit"]), rel=1e-5)
+    assert f"picture of this job: {picture}" in out
+    assert picture.stat().st_size > 5000
+
+
+def test_the_split_follows_the_source_notes_layout():
+    """2 nodes x 4 GPUs, 2 per process: local rank g drives GPUs 2g and 2g+1."""
+    from ddpcourse.topology import layout
+
+    assert [(p.global_rank, p.node, p.local_rank, p.gpus) for p in layout(2, 4, 2)] == [
+        (0, 0, 0, (0, 1)), (1, 0, 1, (2, 3)), (2, 1, 0, (0, 1)), (3, 1, 1, (2, 3))]
+    source = (ROOT / "scripts" / "lesson5_model_split.py").read_text()
+    assert "pick_device(k * local_rank)" in source
+    assert "DDP(model, device_ids=None)" in source
+
+
+def test_scripts_keep_the_distributed_lines_in_sight():
+    for script in ("lesson5_env.py", "lesson5_failing_rank.py", "lesson5_model_split.py"):
+        text = Path(ROOT / "scripts" / script).read_text()
+        assert "dist.init_process_group(" in text and "destroy_process_group()" in text, script
+    assert "@record" in (ROOT / "scripts" / "lesson5_failing_rank.py").read_text()
