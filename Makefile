@@ -30,7 +30,7 @@ CHECK   := $(PYTHON) -m ddpcourse.launch --check $(OPTS)
 help: ## list the targets
 	@echo "usage: make TARGET [NPROC=k] [NNODES=n] [BACKEND=gloo|nccl] [ARGS=...] ..."
 	@$(PYTHON) -m ddpcourse.lessons help
-	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 18
+	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 20
 
 # One pip run installs everything, the course's own package included. --no-compile: pip would
 # byte-compile every module of torch (about a minute here); Python compiles the few that

@@ -204,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         print(" ".join(name for name, t in found.items() if t.bench or not args.bench))
     elif args.command == "help":
         for name, target in found.items():
-            print(f"{name:<18}{target.help}")
+            print(f"{name:<20}{target.help}")
     else:
         if args.target not in found:
             print(f"error: no lesson registers a target {args.target!r}", file=sys.stderr)
