@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import time
 from typing import NoReturn
@@ -62,3 +63,23 @@ def split_batch(requested: int | None, default: int, world_size: int) -> tuple[i
     else:
         why = f"{default} is under one sample per process for {world_size}; rounded up to 1 each"
     return chosen, per_process, f" ({why})"
+
+
+# Message sizes on the command line of the benchmarks: 4096, 64K, 256M (powers of 1024).
+UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def byte_count(text: str) -> int:
+    """'64K' -> 65536, for argparse's type=; a one-line error for anything else."""
+    m = re.fullmatch(r"\s*(\d+)\s*([KMG]?)B?\s*", str(text).upper())
+    if not m:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size; use e.g. 4096, 64K, 256M")
+    return int(m.group(1)) * UNITS[m.group(2)]
+
+
+def human(n: int) -> str:
+    """65536 -> '64 KB' (the largest unit that divides it)."""
+    for unit in ("G", "M", "K"):
+        if n >= UNITS[unit] and n % UNITS[unit] == 0:
+            return f"{n // UNITS[unit]} {unit}B"
+    return f"{n} B"

@@ -18,37 +18,18 @@ W, so it compares across world sizes and with the hardware's limit. The limit pr
 it is this machine's memory-copy bandwidth (a torch copy_ of 256 MB).
 """
 
-import argparse
 import json
 import math
 import os
-import re
 import sys
 import time
 from datetime import timedelta
 from pathlib import Path
 
-from ddpcourse.cli import ArgumentParser
+from ddpcourse.cli import ArgumentParser, byte_count, human
 
 ROOT = Path(__file__).resolve().parent.parent
-UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 METHODS = ("all_reduce", "ring", "naive")
-
-
-def byte_count(text: str) -> int:
-    m = re.fullmatch(r"\s*(\d+)\s*([KMG]?)B?\s*", text.upper())
-    if not m:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a size; use e.g. 4096, 64K, 256M")
-    return int(m.group(1)) * UNITS[m.group(2)]
-
-
-def human(n: int) -> str:
-    for unit in ("G", "M", "K"):
-        if n >= UNITS[unit] and n % UNITS[unit] == 0:
-            return f"{n // UNITS[unit]} {unit}B"
-    return f"{n} B"
-
-
 parser = ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--min-bytes", type=byte_count, default=byte_count("1K"))
 parser.add_argument("--max-bytes", type=byte_count, default=byte_count("256M"),

@@ -13,34 +13,15 @@ busbw = algbw x 2(W-1)/W, what each rank's link carried per second in a ring. Wi
 process per host, busbw can never beat the link's rate; the summary compares the two.
 """
 
-import argparse
 import json
 import os
-import re
 import socket
 import time
 from datetime import timedelta
 from pathlib import Path
 
-from ddpcourse.cli import ArgumentParser
+from ddpcourse.cli import ArgumentParser, byte_count, human
 from ddpcourse.hosts import LINK_ENV, HostsError, parse_link
-
-UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-
-
-def byte_count(text: str) -> int:
-    m = re.fullmatch(r"\s*(\d+)\s*([KMG]?)B?\s*", text.upper())
-    if not m:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a size; use e.g. 4096, 64K, 64M")
-    return int(m.group(1)) * UNITS[m.group(2)]
-
-
-def human(n: int) -> str:
-    for unit in ("G", "M", "K"):
-        if n >= UNITS[unit] and n % UNITS[unit] == 0:
-            return f"{n // UNITS[unit]} {unit}B"
-    return f"{n} B"
-
 
 parser = ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--min-bytes", type=byte_count, default=byte_count("1K"))

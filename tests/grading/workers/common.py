@@ -5,6 +5,7 @@ behind, spoils only its own check. Verdicts travel through the launcher's key-va
 not through a process group (which the code under test may have broken).
 """
 
+import argparse
 import os
 from contextlib import contextmanager
 from datetime import timedelta
@@ -64,3 +65,17 @@ def select_submission(submission: str | None) -> None:
         os.environ["COURSE_SUBMISSION"] = submission
         if RANK == 0:
             print(f"### submission {submission}", flush=True)
+
+
+def grade_each_submission(run_checks, description: str) -> None:
+    """A worker's main: run_checks(store, tag) -> report lines, once per submission."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--submissions", default="",
+                        help="comma-separated submission folders to grade one after another")
+    args = parser.parse_args()
+    store = launcher_store()
+    for i, submission in enumerate(submissions_to_grade(args.submissions)):
+        select_submission(submission)
+        lines = run_checks(store, tag=str(i))
+        if RANK == 0:
+            print("\n".join(lines), flush=True)

@@ -11,7 +11,6 @@ check: `<name>: ok on W ranks` or `<name>: FAILED: ...`. --submissions A,B,... g
 several submission folders, one block after `### submission A` each.
 """
 
-import argparse
 import json
 import os
 from datetime import timedelta
@@ -22,11 +21,9 @@ from common import (
     RANK,
     WORLD,
     everyones_verdict,
+    grade_each_submission,
     group_of_its_own,
-    launcher_store,
     one_line,
-    select_submission,
-    submissions_to_grade,
 )
 
 from ddpcourse.grading import load_exercises
@@ -84,18 +81,5 @@ def run_checks(store, tag) -> list[str]:
     return lines
 
 
-def main():
-    parser = argparse.ArgumentParser(description="lesson 1 grading checks")
-    parser.add_argument("--submissions", default="",
-                        help="comma-separated submission folders to grade one after another")
-    args = parser.parse_args()
-    store = launcher_store()
-    for i, submission in enumerate(submissions_to_grade(args.submissions)):
-        select_submission(submission)
-        lines = run_checks(store, tag=str(i))
-        if RANK == 0:
-            print("\n".join(lines), flush=True)
-
-
 if __name__ == "__main__":
-    main()
+    grade_each_submission(run_checks, "lesson 1 grading checks")
