@@ -87,6 +87,7 @@ def test_exit_barrier_noise_after_a_finished_job_is_dropped():
     assert lines == ["summary: ok\n", "next\n"]
 
 
+@pytest.mark.slow
 def test_a_hanging_job_is_stopped_at_its_time_limit(tmp_path):
     script = tmp_path / "hang.py"
     script.write_text("import time\ntime.sleep(600)\n")
@@ -99,6 +100,7 @@ def test_a_hanging_job_is_stopped_at_its_time_limit(tmp_path):
     assert leftover.stdout.strip() == ""  # workers were killed with their agent
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_two_lesson1_jobs_at_once_odd_world_and_two_simulated_nodes():
     """NPROC=3 on one node and NNODES=2 NPROC=2 run side by side without port clashes."""
@@ -127,6 +129,7 @@ def test_two_lesson1_jobs_at_once_odd_world_and_two_simulated_nodes():
     assert "summary: world_size=4 nodes=2 backend=gloo" in two
 
 
+@pytest.mark.slow
 def test_whoami_without_torchrun_runs_as_a_world_of_one(tmp_path):
     picture = tmp_path / "job.png"
     result = run([PYTHON, "scripts/lesson1_whoami.py", "--picture", str(picture)], timeout=90)
@@ -185,6 +188,7 @@ def test_a_bad_option_is_one_line_and_other_ranks_leave_it_to_rank_0(rank, monke
     assert waits == ([ddpcourse.cli.WAIT_FOR_RANK_0_S] if rank == "2" else [])
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_bad_option_under_torchrun_is_reported_once():
     result = run(["make", "--no-print-directory", "lesson1", "NPROC=3", "ARGS=--bogus"],

@@ -15,6 +15,7 @@ def summary(stdout: str) -> dict[str, str]:
     return dict(re.findall(r"(\w+)=(\S+)", lines[0]))
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_single_device_and_data_parallel_learn_the_same_way(tmp_path):
     """Both scripts at once (one thread each): on a CPU DataParallel is a pass-through, so
@@ -74,6 +75,7 @@ def one_line_exit(call, capsys) -> str:
     return message.rstrip("\n")
 
 
+@pytest.mark.slow
 def test_missing_cifar10_unknown_model_and_bad_size_are_one_line_errors(tmp_path, capsys):
     from ddpcourse.data import load_datasets
     from ddpcourse.models import create_model
@@ -113,6 +115,7 @@ def test_pretrained_weights_come_from_the_local_cache(tmp_path, monkeypatch):
     assert model.get_classifier().out_features == 10  # the 1000-class head is replaced
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(90)
 def test_pretrained_without_weights_or_network_is_one_line(tmp_path):
     result = run([PYTHON, "scripts/lesson2_single_device.py", "--pretrained",

@@ -69,6 +69,7 @@ def torchrun_three(tmp_path_factory):
     return result, checkpoint
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_ddp_on_three_processes_learns_and_counts_every_validation_image_once(torchrun_three):
     result, checkpoint = torchrun_three
@@ -88,6 +89,7 @@ def test_ddp_on_three_processes_learns_and_counts_every_validation_image_once(to
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_mp_spawn_runs_the_same_training_as_torchrun(torchrun_three, tmp_path):
     result = run([PYTHON, "scripts/lesson3_ddp_spawn.py", "--nproc", "3", *ODD_WORLD,
@@ -101,6 +103,7 @@ def test_mp_spawn_runs_the_same_training_as_torchrun(torchrun_three, tmp_path):
     assert (tmp_path / "spawn.pt").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(90)
 def test_ddp_started_with_plain_python_is_a_world_of_one(tmp_path):
     result = run([PYTHON, "scripts/lesson3_ddp.py", "--epochs", "0",
@@ -112,6 +115,7 @@ def test_ddp_started_with_plain_python_is_a_world_of_one(tmp_path):
     assert (s["world_size"], s["batch_per_process"], s["epochs"]) == ("1", "256", "0")
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(150)
 def test_batch_that_does_not_split_is_a_one_line_error_on_every_path():
     # torchrun, 3 processes, the 256 given explicitly: every rank meets it; rank 0 says why
@@ -159,6 +163,7 @@ def equivalence(nproc: int) -> dict[str, str]:
     return summary(result.stdout)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(420)  # three launches of up to 120 s each
 def test_ddp_reproduces_one_process_training_and_batchnorm_does_not():
     alone = equivalence(1)  # the same seed and samples: dropout masks and BatchNorm agree
@@ -197,6 +202,7 @@ print(f"threads before {before}, after main {threads()}")
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads in /proc")
 def test_destroy_process_group_ends_gloo_threads_after_ddp():
     result = run([PYTHON, "-c", DESTROY_ENDS_THE_GROUP], timeout=60,

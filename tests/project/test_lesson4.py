@@ -80,6 +80,7 @@ def test_ring_allreduce_steps_follow_the_algorithm(world):
         assert all(c is not None for c in stage["received"])
 
 
+@pytest.mark.slow
 def test_every_picture_draws_for_odd_and_even_worlds():
     import matplotlib.pyplot as plt
 
@@ -92,6 +93,7 @@ def test_every_picture_draws_for_odd_and_even_worlds():
 
 # --- the scripts ---------------------------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.timeout(150)
 def test_collectives_on_three_ranks_match_the_model():
     result = launch("scripts/lesson4_collectives.py", nproc=3, timeout=120, capture=True,
@@ -127,6 +129,7 @@ def test_collectives_on_three_ranks_match_the_model():
     assert "dist.ReduceOp.AVG works on gloo" in out or "dist.ReduceOp.AVG is not supported" in out
 
 
+@pytest.mark.slow
 def test_collectives_without_a_launcher_is_a_world_of_one():
     result = run([PYTHON, "scripts/lesson4_collectives.py"], timeout=90)
     assert result.returncode == 0, result.stderr[-2000:]
@@ -137,6 +140,7 @@ def test_collectives_without_a_launcher_is_a_world_of_one():
     assert "check: 12 of 12 results match the model" in result.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(150)
 def test_groups_on_two_simulated_nodes():
     result = launch("scripts/lesson4_groups.py", nproc=2, nnodes=2, timeout=120, capture=True,
@@ -158,6 +162,7 @@ def test_groups_on_two_simulated_nodes():
     assert "summary: world_size=4 nodes=2 node_groups=2 backend=gloo ok=True" in out
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(150)
 def test_hang_drill_ends_at_the_timeout_and_the_fix_finishes():
     def drill(*flags):
@@ -181,6 +186,7 @@ def test_hang_drill_ends_at_the_timeout_and_the_fix_finishes():
     assert "summary: world_size=2 fixed=True outcome=finished" in fixed.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(150)
 def test_allreduce_bench_quick_run(tmp_path):
     plot = tmp_path / "bench.png"

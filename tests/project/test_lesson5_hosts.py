@@ -277,6 +277,7 @@ def start_child() -> tuple[subprocess.Popen, int, list[str]]:
     return child, int(pid), names
 
 
+@pytest.mark.slow
 @needs_hosts
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_hosts_are_removed_when_their_process_is_interrupted_or_terminated(sig):
@@ -343,6 +344,7 @@ def test_two_runs_at_once_use_the_same_addresses_without_meeting():
                 server.wait()
 
 
+@pytest.mark.slow
 @needs_hosts
 def test_a_shaped_link_slows_a_transfer_to_its_rate_both_ways():
     nbytes = 8 << 20  # 8 MB: 0.67 s at 100 Mbit/s
@@ -389,6 +391,7 @@ case "$*" in *hang*) exec sleep 60;; *fail*) exit 3;; esac
 """
 
 
+@pytest.mark.slow
 @needs_hosts
 @pytest.mark.parametrize("script, status", [("ok.py", 0), ("fail.py", 3), ("hang.py", 124)])
 def test_the_launcher_runs_one_agent_per_host_and_stops_them_all(tmp_path, script, status):

@@ -21,6 +21,7 @@ def test_notebook_is_committed_without_outputs(path):
             assert cell.get("outputs") == [] and cell.get("execution_count") is None
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_notebook_runs_from_top_to_bottom(path):
@@ -40,6 +41,7 @@ def test_notebook_runs_from_top_to_bottom(path):
     print(f"{path.name}: {time.monotonic() - started:.1f} s")
 
 
+@pytest.mark.slow
 def test_figures_regenerate(tmp_path):
     written = write_figures(out_root=tmp_path)
     assert len(written) >= sum(len(f()) for f in figure_functions().values()) > 0
