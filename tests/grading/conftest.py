@@ -17,7 +17,7 @@ from ddpcourse.grading import ScoreKeeper
 
 # A test that sets no timeout of its own gets this many seconds: a student's endless loop
 # costs that exercise, not the whole grading run.
-DEFAULT_TIMEOUT = float(os.environ.get("COURSE_TEST_TIMEOUT", "20"))
+DEFAULT_TIMEOUT = float(os.environ.get("COURSE_TEST_TIMEOUT", "60"))
 
 
 def pytest_configure(config):
