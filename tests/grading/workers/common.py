@@ -79,3 +79,14 @@ def grade_each_submission(run_checks, description: str) -> None:
         lines = run_checks(store, tag=str(i))
         if RANK == 0:
             print("\n".join(lines), flush=True)
+
+
+def exercises_or_error(lesson: int):
+    """(the graded module, None), or (None, why it could not be imported): a submission that
+    fails to import fails every check of the job, each with that one line."""
+    from ddpcourse.grading import load_exercises
+
+    try:
+        return load_exercises(lesson), None
+    except BaseException as error:  # the submission's own code ran: anything may come out
+        return None, f"could not import the exercises: {one_line(error)}"

@@ -21,12 +21,11 @@ from common import (
     RANK,
     WORLD,
     everyones_verdict,
+    exercises_or_error,
     grade_each_submission,
     group_of_its_own,
     one_line,
 )
-
-from ddpcourse.grading import load_exercises
 
 GROUP_TIMEOUT = timedelta(seconds=30)
 LOCAL_WORLD = int(os.environ["LOCAL_WORLD_SIZE"])
@@ -63,10 +62,7 @@ CHECKS = {"identity": check_identity, "node_groups": check_node_groups}
 
 
 def run_checks(store, tag) -> list[str]:
-    try:
-        ex, import_error = load_exercises(1), None
-    except BaseException as error:
-        ex, import_error = None, f"could not import the exercises: {one_line(error)}"
+    ex, import_error = exercises_or_error(1)
     lines = []
     for name, check in CHECKS.items():
         with group_of_its_own(store, f"lesson1/{tag}/{name}", GROUP_TIMEOUT):

@@ -30,6 +30,7 @@ from common import (
     RANK,
     WORLD,
     everyones_verdict,
+    exercises_or_error,
     grade_each_submission,
     group_of_its_own,
     one_line,
@@ -39,7 +40,6 @@ from torch.utils.data import Dataset, DistributedSampler
 from traffic import Traffic
 
 import ddpcourse.runtime  # noqa: F401  before init_process_group: see the comment there
-from ddpcourse.grading import load_exercises
 
 TOLERANCE = 1e-5
 GROUP_TIMEOUT = timedelta(seconds=30)
@@ -231,10 +231,7 @@ VERDICTS = {"average_gradients": ["average_gradients"],
 
 
 def run_checks(store, tag) -> list[str]:
-    try:
-        ex, import_error = load_exercises(3), None
-    except BaseException as error:
-        ex, import_error = None, f"could not import the exercises: {one_line(error)}"
+    ex, import_error = exercises_or_error(3)
     lines = []
     for check, fn in CHECKS.items():
         with group_of_its_own(store, f"lesson3/{tag}/{check}", GROUP_TIMEOUT):

@@ -31,6 +31,7 @@ from common import (
     RANK,
     WORLD,
     everyones_verdict,
+    exercises_or_error,
     group_of_its_own,
     launcher_store,
     one_line,
@@ -38,8 +39,6 @@ from common import (
     submissions_to_grade,
 )
 from traffic import Traffic, collectives_refused
-
-from ddpcourse.grading import load_exercises
 
 GROUP_TIMEOUT = timedelta(seconds=10)   # a check's process group: a stuck call fails after this
 HANG_TIMEOUT = timedelta(seconds=4)     # the fix_hang check: a wrong fix must fail fast
@@ -370,10 +369,7 @@ def run_check(fn, ex) -> str:
 def run_checks(names, store, tag) -> list[str]:
     """Every check in `names` on the exercises COURSE_SUBMISSION / COURSE_IMPL point at now;
     the report's lines."""
-    try:
-        ex, import_error = load_exercises(4), None
-    except BaseException as error:
-        ex, import_error = None, f"could not import the exercises: {one_line(error)}"
+    ex, import_error = exercises_or_error(4)
     lines = []
     for name in names:
         fn, timeout = CHECKS[name]
