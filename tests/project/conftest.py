@@ -1,16 +1,43 @@
-"""The course's own tests share each job: see COURSE_JOB_CACHE in ddpcourse/launch.py."""
+"""The course's own tests share each job and start their Python processes from a fork server.
+
+COURSE_JOB_CACHE: a lesson script's job with the same arguments runs once per session (see
+ddpcourse/launch.py). COURSE_FORKSERVER: a folder with stand-ins for `python` and `torchrun`
+whose processes are forks of a server that has imported torch (see tests/forkserver.py).
+Set COURSE_FORKSERVER_OFF=1 to run every process with the real interpreter.
+"""
 
 import os
 import shutil
+import sys
 import tempfile
+import time
+from pathlib import Path
 
 from ddpcourse.launch import JOB_CACHE
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import forkserver  # noqa: E402
+
+FORKSERVER = "COURSE_FORKSERVER"
 
 
 def pytest_configure(config):
     if JOB_CACHE not in os.environ:  # one folder per test session, removed at its end
         config._course_job_cache = tempfile.mkdtemp(prefix="course-jobs-")
         os.environ[JOB_CACHE] = config._course_job_cache
+    quick = config.getoption("markexpr", "") == "not slow"  # make test-fast: nothing to speed up
+    if FORKSERVER not in os.environ and not os.environ.get("COURSE_FORKSERVER_OFF") and not quick:
+        folder = tempfile.mkdtemp(prefix="course-forkserver-")
+        config._course_forkserver = (folder, forkserver.start(folder))
+        os.environ[FORKSERVER] = folder
+        deadline = time.monotonic() + 60  # until then its stand-ins run the real interpreter
+        while not os.path.exists(os.path.join(folder, "server.sock")):
+            if time.monotonic() > deadline or config._course_forkserver[1].poll() is not None:
+                break
+            time.sleep(0.2)
+    os.environ.setdefault("COURSE_REAL_PYTHON", sys.executable)
+    if os.environ.get(FORKSERVER):  # this session's (or its xdist workers') processes use it
+        sys.executable = os.path.join(os.environ[FORKSERVER], "python")
 
 
 def pytest_unconfigure(config):
@@ -18,3 +45,9 @@ def pytest_unconfigure(config):
     if folder:
         shutil.rmtree(folder, ignore_errors=True)
         os.environ.pop(JOB_CACHE, None)
+    server = getattr(config, "_course_forkserver", None)
+    if server:
+        server[1].kill()
+        server[1].wait()
+        shutil.rmtree(server[0], ignore_errors=True)
+        os.environ.pop(FORKSERVER, None)

@@ -18,7 +18,7 @@ import subprocess
 import time
 
 import pytest
-from util import PYTHON, ROOT, run
+from util import PYTHON, REAL_PYTHON, ROOT, run
 
 from ddpcourse import hosts as H
 from ddpcourse.hosts import Hosts, HostsError, parse_link, torchrun_command
@@ -209,7 +209,8 @@ def test_without_ip_or_root_it_says_so_and_points_to_the_simulation(monkeypatch)
         "error: separate hosts need the `ip` command (iproute2), which is not installed; "
         f"{H.FALLBACK}"]
     if os.geteuid() == 0 and H.shutil.which("setpriv"):  # really not root: user nobody
-        result = run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", PYTHON,
+        # The real interpreter: as nobody, a stand-in could not exec it from /root.
+        result = run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", REAL_PYTHON,
                       "-m", "ddpcourse.hosts", "run", "scripts/lesson1_whoami.py"], timeout=30)
         assert result.returncode == 2
         assert result.stderr.splitlines() == [

@@ -6,7 +6,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PYTHON = sys.executable
+PYTHON = sys.executable  # a fork server's stand-in (tests/project/conftest.py)
+REAL_PYTHON = os.environ.get("COURSE_REAL_PYTHON", sys.executable)
 
 
 def run(cmd, timeout=120, env=None, cwd=ROOT, **kwargs):
