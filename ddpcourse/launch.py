@@ -89,6 +89,7 @@ def torchrun_commands(
     port: int,
     torchrun: str = "torchrun",
     rdzv: str = "static",
+    torchrun_args: list[str] | None = None,
 ) -> list[list[str]]:
     """One torchrun command per simulated node.
 
@@ -107,7 +108,7 @@ def torchrun_commands(
                 cmd.append(f"--node-rank={node_rank}")
             cmd += [f"--nproc-per-node={nproc}", "--master-addr=127.0.0.1",
                     f"--master-port={port}"]
-        cmd += [script, *script_args]
+        cmd += [*(torchrun_args or []), script, *script_args]
         commands.append(cmd)
     return commands
 
@@ -369,12 +370,15 @@ def launch(
     torchrun: str | None = None,
     backend: str = "",
     rdzv: str = "static",
+    torchrun_args: list[str] | None = None,
 ) -> subprocess.CompletedProcess:
     """Check, print and run a torchrun job on this machine. Used by make and by the tests.
 
     backend: "" lets the scripts pick from the hardware (nccl on GPUs, else gloo); "gloo"
     hides the GPUs, so they run on the CPU; "nccl" insists on GPUs.
     rdzv: "static" (--node-rank per node) or "c10d" (the agents meet at a rendezvous).
+    torchrun_args: more torchrun options, e.g. ["--max-restarts=3"] (such a job is never
+    replayed from the test suite's cache: lesson 6 kills its workers).
     """
     env = dict(os.environ if env is None else env)
     check_backend(backend, env)
@@ -390,13 +394,13 @@ def launch(
             f"{where} processes but this machine has {gpus} GPU(s): one process per GPU, so "
             f"use at most {gpus} (or BACKEND=gloo to run on the CPU)"
         )
-    cache = shared_job_cache(script, script_args, nproc, nnodes, backend, env, cwd, capture,
-                             rdzv)
+    cache = None if torchrun_args else shared_job_cache(script, script_args, nproc, nnodes,
+                                                        backend, env, cwd, capture, rdzv)
     if cache is not None and os.path.exists(cache):
         return replay(cache, echo)
     commands = torchrun_commands(
-        script, script_args or [], nproc, nnodes, port, torchrun or default_torchrun(), rdzv
-    )
+        script, script_args or [], nproc, nnodes, port, torchrun or default_torchrun(), rdzv,
+        torchrun_args)
     settings: dict[str, str] = {"CUDA_VISIBLE_DEVICES": ""} if backend == "gloo" else {}
     if "OMP_NUM_THREADS" not in env:
         # torchrun would pick 1 and print a warning; we share the cores out and say so.
