@@ -1,0 +1,177 @@
+"""Lesson 6 drill: an elastic job loses a node, goes on smaller, and grows again when it returns.
+
+    make lesson6-elastic NPROC=1     # prints, then runs, the commands below
+
+Two simulated nodes, A and B, each a torchrun agent with NPROC workers, start the same
+command with --nnodes=1:2 (at least one node, at most two) and a c10d rendezvous:
+
+    torchrun --nnodes=1:2 --nproc-per-node=NPROC --max-restarts=3 \\
+        --rdzv-backend=c10d --rdzv-endpoint=127.0.0.1:PORT --rdzv-id=elastic \\
+        --rdzv-conf=last_call_timeout=1 \\
+        scripts/lesson6_resumable.py ...
+
+1. Both train together (world size 2 x NPROC).
+2. Node B is lost: its agent and workers get SIGKILL, as when a machine dies. A's workers
+   fail at their next collective; A's agent restarts them (one of its --max-restarts); the
+   rendezvous closes with A alone (world size NPROC); they resume from the last snapshot.
+3. Node B comes back (the same command again). A's agent sees a node waiting, stops its
+   workers (this does not count as a restart) and both resume at world size 2 x NPROC.
+
+Node A hosts the rendezvous store (it started first), so B is the one lost: a production job
+keeps the endpoint on a machine that outlives the workers (or uses etcd).
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from ddpcourse.cli import ArgumentParser  # noqa: E402
+from ddpcourse.launch import CPP_STACK_LINE, default_torchrun, free_port  # noqa: E402
+
+
+def parse_args():
+    parser = ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nproc", type=int, default=1, help="workers per node")
+    parser.add_argument("--epochs", type=int, default=30,
+                        help="enough for node B to come back before the job ends")
+    parser.add_argument("--out", default="runs/lesson6_elastic", help="folder for the run's files")
+    parser.add_argument("--timeout", type=float, default=300, help="seconds for the whole drill")
+    args = parser.parse_args()
+    if not 1 <= args.nproc <= 4 or args.epochs < 4:
+        parser.error("--nproc must be 1-4 and --epochs at least 4")
+    return args
+
+
+class Node:
+    """One torchrun agent, its output printed line by line with the node's name."""
+
+    def __init__(self, name, command, env):
+        print(f"[node {name}] $ {' '.join(command)}", flush=True)
+        self.name = name
+        self.process = subprocess.Popen(command, cwd=ROOT, env=env, text=True,
+                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                        start_new_session=True)
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self):
+        for line in self.process.stdout:
+            if ("Warning: find_unused_parameters" in line or line.startswith(("W1", "*", "[W"))
+                    or CPP_STACK_LINE.search(line)):
+                continue  # notices at every start, and C++ stack frames of the lost node
+            print(f"[node {self.name}] {line}", end="", flush=True)
+
+    def lose(self):
+        """SIGKILL to the agent and every worker it started, as when the machine dies."""
+        import psutil
+
+        try:
+            family = [psutil.Process(self.process.pid)]
+            family += family[0].children(recursive=True)
+        except psutil.Error:
+            return
+        for p in family:
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+        self.process.wait()
+
+
+def read_events(path):
+    try:
+        with open(path) as f:
+            return [json.loads(line) for line in f if line.endswith("\n")]
+    except FileNotFoundError:
+        return []
+
+
+def wait_for(path, deadline, test, what):
+    while time.monotonic() < deadline:
+        for event in read_events(path):
+            if test(event):
+                return event
+        time.sleep(0.05)
+    raise TimeoutError(f"the drill waited in vain for {what}")
+
+
+def main():
+    args = parse_args()
+    out = Path(ROOT, args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    events = out / "events.jsonl"
+    for old in (events, out / "snapshot.pt", out / "snapshot.pt.prev"):
+        old.unlink(missing_ok=True)
+    port, big, small = free_port(), 2 * args.nproc, args.nproc
+    command = [default_torchrun(), "--nnodes=1:2", f"--nproc-per-node={args.nproc}",
+               "--max-restarts=3", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
+               f"--rdzv-id=elastic{port}",
+               "--rdzv-conf=last_call_timeout=1",
+               "scripts/lesson6_resumable.py", "--epochs", str(args.epochs),
+               "--snapshot-every", "3", "--snapshot", str(out / "snapshot.pt"),
+               "--checkpoint", str(out / "final.pt"), "--events", str(events)]
+    # OMP: the cores shared out; TORCH_DISABLE_SHARE_RDZV_TCP_STORE: see the kill drill.
+    env = dict(os.environ, OMP_NUM_THREADS="1", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
+    deadline = time.monotonic() + args.timeout
+    nodes = []
+    try:
+        print(f"== 1. nodes A and B start: world size {big}", flush=True)
+        nodes.append(Node("A", command, env))
+        time.sleep(1)  # A first: its agent hosts the rendezvous store
+        nodes.append(Node("B", command, env))
+        wait_for(events, deadline, lambda e: e["event"] == "step" and e["world_size"] == big
+                 and e["step"] >= 5, f"step 5 at world size {big}")
+
+        print("\n== 2. node B is lost (SIGKILL to its agent and workers); A goes on alone",
+              flush=True)
+        lost_at = time.time()
+        nodes[1].lose()
+        shrunk = wait_for(events, deadline, lambda e: e["event"] == "resume"
+                          and e["world_size"] == small and e["rank"] == 0,
+                          f"a resume at world size {small}")
+
+        print("\n== 3. node B comes back: the same command", flush=True)
+        back_at = time.time()
+        nodes.append(Node("B", command, env))
+        grown = wait_for(events, deadline, lambda e: e["event"] == "resume"
+                         and e["world_size"] == big and e["time"] > back_at and e["rank"] == 0,
+                         f"a resume at world size {big}")
+        for node in (nodes[0], nodes[2]):
+            node.process.wait(timeout=max(1.0, deadline - time.monotonic()))
+    except (TimeoutError, subprocess.TimeoutExpired) as error:
+        sys.exit(f"error: {error}; the output above shows where the job stopped")
+    finally:
+        for node in nodes:
+            if node.process.poll() is None:
+                node.lose()
+    codes = [nodes[0].process.returncode, nodes[2].process.returncode]
+    if codes != [0, 0]:
+        sys.exit(f"error: the nodes' agents ended with exit codes {codes}")
+
+    log = [e for e in read_events(events) if e["rank"] == 0]
+    sizes = []
+    for e in log:
+        if e["event"] == "step" and (not sizes or sizes[-1][0] != e["world_size"]):
+            sizes.append([e["world_size"], e["step"], e["step"]])
+        elif e["event"] == "step":
+            sizes[-1][2] = e["step"]
+    print("\n== what happened, from the run's event log")
+    print("world size by step: " + ", then ".join(
+        f"{w} for steps {a}-{b}" for w, a, b in sizes))
+    print(f"shrink: {shrunk['time'] - lost_at:.1f} s from the lost node to training again at "
+          f"world size {small}, from step {shrunk['step']}")
+    print(f"grow:   {grown['time'] - back_at:.1f} s from the returning node to training at "
+          f"world size {big}, from step {grown['step']}")
+    print(f"done: both agents finished; final weights in {out / 'final.pt'}")
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # stopped: clean up the nodes
+    main()
