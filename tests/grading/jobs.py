@@ -37,6 +37,14 @@ def run_job(name: str, worker: str, **launch_args) -> subprocess.CompletedProces
     return _results[name]
 
 
+def restartable(restarts: int) -> dict:
+    """launch() options for a job torchrun restarts after a worker dies (lesson 6): c10d
+    rendezvous, and workers that do not share its store (else the restarted workers find the
+    dead ones' addresses: see lessons/lesson6/README.md)."""
+    return {"rdzv": "c10d", "torchrun_args": [f"--max-restarts={restarts}"],
+            "env": dict(os.environ, TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")}
+
+
 def allow_the_launch(seconds: float) -> None:
     """Give the running test the job's own time limit, from now on.
 

@@ -41,7 +41,19 @@ JOBS = {
     4: [("lesson4_W2", "lesson4_checks.py", 2, 1), ("lesson4_W3", "lesson4_checks.py", 3, 1),
         ("lesson4_W4", "lesson4_checks.py", 2, 2)],
     5: [("lesson5_W4", "lesson5_devices.py", 2, 2)],
+    6: [("lesson6_W1", "lesson6_resume.py", 1, 1), ("lesson6_W2", "lesson6_resume.py", 2, 1),
+        ("lesson6_W3", "lesson6_resume.py", 3, 1)],
 }
+# Workers whose job is killed and restarted once per submission, in a folder of its own.
+KILLED_ONCE_PER_SUBMISSION = {"lesson6_resume.py"}
+
+
+def load_grading_module(relative):
+    path = ROOT / "tests" / "grading" / relative
+    spec = importlib.util.spec_from_file_location(f"grading_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def mistakes(lesson):
@@ -77,9 +89,12 @@ def launch_jobs_for_all(lesson, folders, base):
     written where COURSE_GRADING_JOBS will look for it."""
     names = ",".join(str(folder) for folder, _ in folders)
     for name, worker, nproc, nnodes in JOBS[lesson]:
-        result = launch(f"tests/grading/workers/{worker}", ["--submissions", names],
-                        nproc=nproc, nnodes=nnodes, timeout=200, capture=True, echo=False,
-                        cwd=str(ROOT))
+        args, options = ["--submissions", names], {}
+        if worker in KILLED_ONCE_PER_SUBMISSION:
+            args += ["--work", str(base / f"work_{name}")]
+            options = load_grading_module("jobs.py").restartable(len(folders))
+        result = launch(f"tests/grading/workers/{worker}", args, nproc=nproc, nnodes=nnodes,
+                        timeout=200, capture=True, echo=False, cwd=str(ROOT), **options)
         assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
         blocks = re.split(r"^### submission (.+)$", result.stdout, flags=re.M)
         shares = dict(zip(blocks[1::2], blocks[2::2], strict=True))
@@ -149,11 +164,7 @@ def test_each_mistake_costs_its_own_exercise_what_it_is_worth(tmp_path, lesson):
 
 
 def load_traffic():
-    path = ROOT / "tests" / "grading" / "workers" / "traffic.py"
-    spec = importlib.util.spec_from_file_location("grading_traffic", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_grading_module("workers/traffic.py")
 
 
 @pytest.mark.slow
