@@ -206,7 +206,10 @@ def manage(conn: socket.socket):
         os.kill(worker, signal.SIGKILL)
     _, status = os.waitpid(worker, 0)
     code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
-    os.unlink(registry)
+    try:
+        os.unlink(registry)
+    except OSError:  # the session is over and its folder gone
+        pass
     try:
         conn.sendall(struct.pack("!q", code))
     except OSError:
