@@ -7,7 +7,7 @@ command with --nnodes=1:2 (at least one node, at most two) and a c10d rendezvous
 
     torchrun --nnodes=1:2 --nproc-per-node=NPROC --max-restarts=3 \\
         --rdzv-backend=c10d --rdzv-endpoint=127.0.0.1:PORT --rdzv-id=elastic \\
-        --rdzv-conf=last_call_timeout=1 \\
+        --rdzv-conf=last_call_timeout=5 \\
         scripts/lesson6_resumable.py ...
 
 1. Both train together (world size 2 x NPROC).
@@ -68,19 +68,26 @@ class Node:
                 continue  # notices at every start, and C++ stack frames of the lost node
             print(f"[node {self.name}] {line}", end="", flush=True)
 
-    def lose(self):
-        """SIGKILL to the agent and every worker it started, as when the machine dies."""
+    def lose(self, events_path):
+        """SIGKILL to the agent and every worker it started, as when the machine dies.
+
+        The workers are the agent's children, and the event log names them too (each step
+        logs the worker's pid and its agent's): a worker is killed even where the process
+        tree hides it (the course's test suite starts processes from a fork server).
+        """
         import psutil
 
+        family = {e["pid"] for e in read_events(events_path)
+                  if e.get("agent") == self.process.pid}
         try:
-            family = [psutil.Process(self.process.pid)]
-            family += family[0].children(recursive=True)
+            agent = psutil.Process(self.process.pid)
+            family |= {p.pid for p in agent.children(recursive=True)} | {agent.pid}
         except psutil.Error:
-            return
-        for p in family:
+            pass
+        for pid in family:
             try:
-                p.kill()
-            except psutil.Error:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
                 pass
         self.process.wait()
 
@@ -91,6 +98,19 @@ def read_events(path):
             return [json.loads(line) for line in f if line.endswith("\n")]
     except FileNotFoundError:
         return []
+
+
+def wait_for_store(port, deadline):
+    """Until node A's agent listens at the rendezvous endpoint. B then has last_call_timeout
+    (5 s) to join the first round, or A would start alone."""
+    import socket
+
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.1)
+    raise TimeoutError("node A's agent never opened the rendezvous endpoint")
 
 
 def wait_for(path, deadline, test, what):
@@ -113,7 +133,7 @@ def main():
     command = [default_torchrun(), "--nnodes=1:2", f"--nproc-per-node={args.nproc}",
                "--max-restarts=3", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
                f"--rdzv-id=elastic{port}",
-               "--rdzv-conf=last_call_timeout=1",
+               "--rdzv-conf=last_call_timeout=5",
                "scripts/lesson6_resumable.py", "--epochs", str(args.epochs),
                "--snapshot-every", "3", "--snapshot", str(out / "snapshot.pt"),
                "--checkpoint", str(out / "final.pt"), "--events", str(events)]
@@ -124,7 +144,7 @@ def main():
     try:
         print(f"== 1. nodes A and B start: world size {big}", flush=True)
         nodes.append(Node("A", command, env))
-        time.sleep(1)  # A first: its agent hosts the rendezvous store
+        wait_for_store(port, deadline)  # A first: its agent hosts the rendezvous store
         nodes.append(Node("B", command, env))
         wait_for(events, deadline, lambda e: e["event"] == "step" and e["world_size"] == big
                  and e["step"] >= 5, f"step 5 at world size {big}")
@@ -132,7 +152,7 @@ def main():
         print("\n== 2. node B is lost (SIGKILL to its agent and workers); A goes on alone",
               flush=True)
         lost_at = time.time()
-        nodes[1].lose()
+        nodes[1].lose(events)
         shrunk = wait_for(events, deadline, lambda e: e["event"] == "resume"
                           and e["world_size"] == small and e["rank"] == 0,
                           f"a resume at world size {small}")
@@ -150,7 +170,7 @@ def main():
     finally:
         for node in nodes:
             if node.process.poll() is None:
-                node.lose()
+                node.lose(events)
     codes = [nodes[0].process.returncode, nodes[2].process.returncode]
     if codes != [0, 0]:
         sys.exit(f"error: the nodes' agents ended with exit codes {codes}")

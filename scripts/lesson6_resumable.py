@@ -338,7 +338,7 @@ def main():
             if args.events:  # .item() waits for the device: only when asked for the log
                 log_event(args.events, event="step", rank=rank, step=step, epoch=epoch,
                           start=start, world_size=world_size, pid=os.getpid(),
-                          loss=loss.item())
+                          agent=os.getppid(), loss=loss.item())
             if step % args.snapshot_every == 0 and start < len(train_set):
                 stats_so_far = stats.tolist()
                 take_snapshot()

@@ -92,7 +92,7 @@ def launch_jobs_for_all(lesson, folders, base):
         args, options = ["--submissions", names], {}
         if worker in KILLED_ONCE_PER_SUBMISSION:
             args += ["--work", str(base / f"work_{name}")]
-            options = load_grading_module("jobs.py").restartable(len(folders))
+            options = load_grading_module("jobs.py").restartable(2 * len(folders) + 1)
         result = launch(f"tests/grading/workers/{worker}", args, nproc=nproc, nnodes=nnodes,
                         timeout=200, capture=True, echo=False, cwd=str(ROOT), **options)
         assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
