@@ -251,8 +251,9 @@ def _pretend_to_be(pid: int, ppid: int, folder: str) -> None:
     os.getppid() when the parent is itself a worker (a torchrun agent, say).
 
     A signal sent to that pid reaches the stand-in, which forwards it (SIGKILL: the manager
-    kills the worker). Processes the worker forks get their own pids, as usual. The
-    replacements pickle as os.getpid and os.getppid (multiprocessing sends them by name).
+    kills the worker, a few milliseconds later); one the worker sends itself goes straight to
+    it. Processes the worker forks get their own pids, as usual. The replacements pickle as
+    os.getpid, os.getppid and os.kill (multiprocessing sends them by name).
     """
     real_getpid, real_getppid, worker = os.getpid, os.getppid, os.getpid()
     try:  # the parent is a worker: its stand-in is the process the parent's parent knows
@@ -267,7 +268,13 @@ def _pretend_to_be(pid: int, ppid: int, folder: str) -> None:
     def getppid():
         return ppid if real_getpid() == worker else real_getppid()
 
-    for function, real in ((getpid, real_getpid), (getppid, real_getppid)):
+    real_kill = os.kill
+
+    def kill(target, sig):  # a signal to "itself" must stop it at once, as it would
+        return real_kill(real_getpid() if target == pid and real_getpid() == worker
+                         else target, sig)
+
+    for function, real in ((getpid, real_getpid), (getppid, real_getppid), (kill, real_kill)):
         function.__module__, function.__qualname__ = "os", real.__name__
         function.__doc__ = real.__doc__
         setattr(os, real.__name__, function)

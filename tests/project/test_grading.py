@@ -25,6 +25,14 @@ def scores(tests):
     return {name: (s["earned"], s["possible"]) for name, s in summarise(tests).items()}
 
 
+def failures(junit):
+    """What the failed tests of a grading run said (from its junit.xml)."""
+    tree = ElementTree.parse(junit)
+    return [f"{case.get('name')}: {(problem.text or problem.get('message') or '')[-1500:]}"
+            for case in tree.iter("testcase") for problem in case
+            if problem.tag in ("failure", "error")]
+
+
 def registered_exercise_markers():
     return set(exercise_markers())
 
@@ -40,7 +48,8 @@ def test_solutions_get_full_marks_and_stubs_get_zero(tmp_path, lesson):
     assert solutions and stubs
     assert set(solutions) == set(stubs)
     full = scores(solutions)
-    assert all(earned == possible > 0 for earned, possible in full.values()), full
+    assert all(earned == possible > 0 for earned, possible in full.values()), \
+        (full, failures(tmp_path / "solutions" / "junit.xml"))
     assert all(earned == 0 for earned, _ in scores(stubs).values()), scores(stubs)
     # Every exercise the lesson registers is graded, and nothing else.
     assert set(full) == {m for m in registered_exercise_markers() if m.startswith(f"l{lesson}_")}
