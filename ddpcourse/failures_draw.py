@@ -16,6 +16,17 @@ from ddpcourse.topology import PALETTE
 RECORDED = Path(__file__).resolve().parents[1] / "lessons" / "lesson6" / "figures"
 
 
+def read_events(path) -> list[dict]:
+    """The event log so far (one JSON object per complete line; a line being written is left
+    for the next read). Several ranks append to it at once: short lines, opened in append
+    mode, do not mix."""
+    try:
+        with open(path) as f:
+            return [json.loads(line) for line in f if line.endswith("\n")]
+    except FileNotFoundError:
+        return []
+
+
 def draw_timeline(events: list[dict], kill: dict | None = None, path: str | None = None):
     """The run's steps over time, one colour per attempt; `kill` is the killed step's event
     (with `killed_at`). Saves to `path` when given and returns it, else returns the Figure."""

@@ -21,7 +21,6 @@ Node A hosts the rendezvous store (it started first), so B is the one lost: a pr
 keeps the endpoint on a machine that outlives the workers (or uses etcd).
 """
 
-import json
 import os
 import signal
 import subprocess
@@ -34,6 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from ddpcourse.cli import ArgumentParser  # noqa: E402
+from ddpcourse.failures_draw import read_events  # noqa: E402
 from ddpcourse.launch import CPP_STACK_LINE, default_torchrun, free_port  # noqa: E402
 
 
@@ -90,14 +90,6 @@ class Node:
             except OSError:
                 pass
         self.process.wait()
-
-
-def read_events(path):
-    try:
-        with open(path) as f:
-            return [json.loads(line) for line in f if line.endswith("\n")]
-    except FileNotFoundError:
-        return []
 
 
 def wait_for_store(port, deadline):

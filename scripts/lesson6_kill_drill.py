@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from ddpcourse.cli import ArgumentParser  # noqa: E402
+from ddpcourse.failures_draw import read_events  # noqa: E402
 from ddpcourse.launch import LaunchError, launch  # noqa: E402
 
 SCRIPT = "scripts/lesson6_resumable.py"
@@ -47,14 +48,6 @@ def parse_args():
     if not 1 <= args.nproc <= 16 or args.epochs < 1:
         parser.error("--nproc must be 1-16 and --epochs >= 1")
     return args
-
-
-def read_events(path):
-    try:
-        with open(path) as f:
-            return [json.loads(line) for line in f if line.endswith("\n")]
-    except FileNotFoundError:
-        return []
 
 
 def kill_when_reached(events_path, step, rank, done, report):
