@@ -30,6 +30,8 @@ def main():
     parser = ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batches", type=int, default=20, help="rank r gets this + r batches")
     parser.add_argument("--join", action="store_true", help="wrap the loop in Join([model])")
+    parser.add_argument("--equal-batches", action="store_true",
+                        help="every rank gets --batches: what Join costs when none ends early")
     parser.add_argument("--timeout", type=float, default=60,
                         help="seconds a collective may wait for the other processes")
     args = parser.parse_args()
@@ -40,10 +42,11 @@ def main():
     torch.manual_seed(0)
     model = DDP(torch.nn.Linear(64, 10))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    mine = args.batches + rank  # uneven on purpose
+    extra = 0 if args.equal_batches else 1  # rank r gets r more batches: uneven on purpose
+    mine = args.batches + extra * rank
     batches = [(torch.randn(32, 64), torch.randint(0, 10, (32,))) for _ in range(mine)]
     if rank == 0:
-        most = args.batches + world_size - 1
+        most = args.batches + extra * (world_size - 1)
         print(f"{world_size} ranks with {args.batches}..{most} batches each; "
               f"{'with' if args.join else 'without'} Join", flush=True)
 
@@ -60,7 +63,8 @@ def main():
     copies = [torch.empty_like(weights) for _ in range(world_size)]
     dist.all_gather(copies, weights)
     line = (f"rank {rank}: {mine} batches of its own, "
-            f"{args.batches + world_size - 1 - mine} shadowed all-reduce(s), {seconds:.2f} s")
+            f"{args.batches + extra * (world_size - 1) - mine} shadowed all-reduce(s), "
+            f"{seconds:.2f} s")
     lines = [None] * world_size if rank == 0 else None
     dist.gather_object(line, lines, dst=0)  # printed once, in rank order
     if rank == 0:
