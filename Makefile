@@ -61,9 +61,11 @@ $(LESSON_TARGETS):
 
 bench: $(BENCH_TARGETS) ## every lesson's benchmark
 
-# Two tests at a time (pytest-xdist): most jobs spend part of their time waiting (a timeout,
-# a rendezvous), and two at once finished the suite about 1.7x sooner on a busy 2-core machine.
-TEST_WORKERS ?= 2
+# Three tests at a time (pytest-xdist) on 2 cores: many tests spend part of their time waiting
+# (a timeout, a rendezvous, SLURM's daemons), and a third keeps the cores busy meanwhile.
+# Measured from a fresh clone with the fork server: 4m41s with 3, 4m39s-5m19s with 2, 4m52s
+# with 4 (more CPU, for the contention).
+TEST_WORKERS ?= 3
 test: setup ## lint, then the whole test suite (solutions full marks, stubs zero, notebooks run)
 	$(VPY) -m ruff check .
 	$(VPY) -m pytest -q -n $(TEST_WORKERS) --durations=15

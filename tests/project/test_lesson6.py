@@ -88,7 +88,8 @@ def test_a_stuck_rank_shows_in_the_stacks_and_the_flight_recorder():
 def resumable(tmp_path, *args):
     """A world of one, without torchrun (which the script notes in a line of its own)."""
     result = run([PYTHON, "scripts/lesson6_resumable.py", "--snapshot", str(tmp_path / "s.pt"),
-                  "--checkpoint", str(tmp_path / "final.pt"), *args], timeout=200)
+                  "--checkpoint", str(tmp_path / "final.pt"), *args], timeout=200,
+                 env={"OMP_NUM_THREADS": "1"})  # see the kill-drill test above
     result.stderr = "".join(line for line in result.stderr.splitlines(keepends=True)
                             if not line.startswith("note: not started by torchrun"))
     return result
