@@ -22,6 +22,10 @@ FORKSERVER = "COURSE_FORKSERVER"
 
 
 def pytest_configure(config):
+    # OpenMP's idle threads sleep instead of spinning: with three tests at a time on two
+    # cores, spinning threads burn the CPU the other processes wait for. The same thread
+    # counts, so the same numbers. Set before the fork server starts (libgomp reads it once).
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     if JOB_CACHE not in os.environ:  # one folder per test session, removed at its end
         config._course_job_cache = tempfile.mkdtemp(prefix="course-jobs-")
         os.environ[JOB_CACHE] = config._course_job_cache
