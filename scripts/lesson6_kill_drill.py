@@ -61,7 +61,7 @@ def kill_when_reached(events_path, step, rank, done, report):
         time.sleep(0.02)
 
 
-def run(args, name, extra=(), torchrun_args=None):
+def run(args, name, torchrun_args=None):
     out = Path(args.out)
     events = out / f"{name}_events.jsonl"
     snapshot = out / f"{name}_snapshot.pt"
@@ -69,8 +69,7 @@ def run(args, name, extra=(), torchrun_args=None):
         old.unlink(missing_ok=True)                             # workers must find the snapshot
     script_args = ["--epochs", str(args.epochs), "--snapshot-every", str(args.snapshot_every),
                    "--snapshot", str(snapshot),
-                   "--checkpoint", str(out / f"{name}_final.pt"), "--events", str(events),
-                   *extra]
+                   "--checkpoint", str(out / f"{name}_final.pt"), "--events", str(events)]
     # c10d rendezvous, and workers that do not share its store: torchrun's restarts fail
     # without both in this torch (stale addresses from the dead attempt; see the reading).
     env = dict(os.environ, TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
@@ -91,21 +90,20 @@ def main():
     args = parse_args()
     rng = random.Random(args.seed)
     Path(args.out).mkdir(parents=True, exist_ok=True)
-    steps_per_epoch = -(-1438 // (256 // args.nproc * args.nproc))  # the digits training set
-    total = args.epochs * steps_per_epoch
+    print("== 1. reference: never interrupted", flush=True)
+    reference_events, reference, start = run(args, "reference")
+    if start().returncode != 0:
+        sys.exit("error: the reference run failed (its output is above)")
+    total = max(e["step"] for e in read_events(reference_events))  # the run's steps, counted
     if args.kill_step is not None and not 1 <= args.kill_step < total:
         sys.exit(f"error: --kill-step must be between 1 and {total - 1} (the run has {total})")
     # By default after the first snapshot, so that there is one to resume from.
     kill_step = args.kill_step or rng.randint(min(args.snapshot_every + 1, total - 1), total - 1)
     victim = rng.randrange(args.nproc)
 
-    print(f"== 1. reference: {total} steps, never interrupted", flush=True)
-    _, reference, start = run(args, "reference")
-    if start().returncode != 0:
-        sys.exit("error: the reference run failed (its output is above)")
-
-    print(f"\n== 2. drill: the same run; at step {kill_step}, SIGKILL to rank {victim}'s worker\n"
-          "(TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 is set for it: see the reading)", flush=True)
+    print(f"\n== 2. drill: the same {total} steps; at step {kill_step}, SIGKILL to rank "
+          f"{victim}'s worker\n(TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 is set for it: see the "
+          "reading)", flush=True)
     events, drilled, start = run(args, "drill", torchrun_args=["--max-restarts=3"])
     done, report = threading.Event(), {}
     watcher = threading.Thread(target=kill_when_reached,

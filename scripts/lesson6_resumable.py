@@ -83,6 +83,8 @@ class ResumableSampler(DistributedSampler):
     W-th of them from r: skipping `start` positions resumes exactly, even at another W.
     """
 
+    start = 0  # until set_position says otherwise: the whole epoch
+
     def set_position(self, epoch: int, start: int) -> None:
         self.set_epoch(epoch)
         self.start = start
@@ -92,10 +94,10 @@ class ResumableSampler(DistributedSampler):
         generator.manual_seed(self.seed + self.epoch)  # the order depends on the epoch only
         order = torch.randperm(len(self.dataset), generator=generator).tolist()
         order += order[: self.total_size - len(order)]  # padded as DistributedSampler pads
-        return iter(order[getattr(self, "start", 0):][self.rank:: self.num_replicas])
+        return iter(order[self.start:][self.rank:: self.num_replicas])
 
     def __len__(self) -> int:
-        return math.ceil((self.total_size - getattr(self, "start", 0)) / self.num_replicas)
+        return math.ceil((self.total_size - self.start) / self.num_replicas)
 
 
 def flip_some(images, generator):
@@ -242,15 +244,15 @@ def main():
     # every rank loads the same snapshot even if a file changes between their reads; each
     # rank then reads it with map_location: onto its own device, not the one it was saved from.
     expect = {"model_name": args.model, "dataset": args.dataset, "format": SNAPSHOT_FORMAT}
-    choice = [None, []]
+    choice = [None, [], None]  # the file ("" for none), notes on files skipped, an error
     if rank == 0:
         try:
             _, choice[0], choice[1] = load_snapshot(args.snapshot, "cpu", expect)
         except SnapshotError as error:
-            choice[0] = f"error: {error}"
+            choice[2] = str(error)
     dist.broadcast_object_list(choice, src=0)
-    if choice[0] and choice[0].startswith("error: "):
-        fail(choice[0].removeprefix("error: "))
+    if choice[2]:
+        fail(choice[2])
     epoch, start, step = 0, 0, 0  # where the run is: epoch, samples of it done, steps done
     stats_so_far = [0.0, 0.0, 0.0]  # this rank's loss sum, correct and seen in the epoch
     if choice[0]:

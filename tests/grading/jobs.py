@@ -41,10 +41,8 @@ def restartable(restarts: int) -> dict:
     """launch() options for a job torchrun restarts after a worker dies (lesson 6): c10d
     rendezvous, and workers that do not share its store (else the restarted workers find the
     dead ones' addresses: see lessons/lesson6/README.md)."""
-    # One thread per process: the model is tiny, and a lone process given both cores
-    # crawls when the machine is busy (OpenMP's threads spin while they wait).
     return {"rdzv": "c10d", "torchrun_args": [f"--max-restarts={restarts}"],
-            "env": dict(os.environ, TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1", OMP_NUM_THREADS="1")}
+            "env": dict(os.environ, TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")}
 
 
 def allow_the_launch(seconds: float) -> None:

@@ -16,11 +16,8 @@ from ddpcourse.launch import launch
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("world", [1, 2, 3])
 def test_a_killed_worker_resumes_to_bit_identical_weights(world, tmp_path):
-    # One thread per process: at W=1 the launcher would give it both cores, and OpenMP's
-    # spinning threads crawl on a machine the other tests keep busy (6 s alone, 40-70 s so).
     result = run([PYTHON, "scripts/lesson6_kill_drill.py", "--nproc", str(world), "--epochs",
-                  "2", "--seed", str(world), "--out", str(tmp_path)], timeout=280,
-                 env={"OMP_NUM_THREADS": "1"})
+                  "2", "--seed", str(world), "--out", str(tmp_path)], timeout=280)
     out = result.stdout
     assert result.returncode == 0, (out + result.stderr)[-3000:]
     kill = re.search(r"^kill: +step (\d+), rank (\d+) \(pid (\d+)\), SIGKILL$", out, re.M)
@@ -88,8 +85,7 @@ def test_a_stuck_rank_shows_in_the_stacks_and_the_flight_recorder():
 def resumable(tmp_path, *args):
     """A world of one, without torchrun (which the script notes in a line of its own)."""
     result = run([PYTHON, "scripts/lesson6_resumable.py", "--snapshot", str(tmp_path / "s.pt"),
-                  "--checkpoint", str(tmp_path / "final.pt"), *args], timeout=200,
-                 env={"OMP_NUM_THREADS": "1"})  # see the kill-drill test above
+                  "--checkpoint", str(tmp_path / "final.pt"), *args], timeout=200)
     result.stderr = "".join(line for line in result.stderr.splitlines(keepends=True)
                             if not line.startswith("note: not started by torchrun"))
     return result
