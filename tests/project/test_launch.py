@@ -10,6 +10,10 @@ from util import PYTHON, ROOT, run
 from ddpcourse.cli import ArgumentParser
 from ddpcourse.launch import AgentErrorFilter, LaunchError, launch, torchrun_commands
 
+# make's lesson rule runs `$(VPY) -m ddpcourse.lessons`, whose torchrun is the one beside that
+# Python: here the fork server's stand-ins, so the job's processes do not import torch anew.
+MAKE_PYTHON = f"VPY={PYTHON}"
+
 
 @pytest.mark.parametrize("args, message", [
     (["NPROC=0"], "NPROC=0 is out of range"),
@@ -105,8 +109,9 @@ def test_a_hanging_job_is_stopped_at_its_time_limit(tmp_path):
 def test_two_lesson1_jobs_at_once_odd_world_and_two_simulated_nodes():
     """NPROC=3 on one node and NNODES=2 NPROC=2 run side by side without port clashes."""
     jobs = {
-        "three": ["make", "--no-print-directory", "lesson1", "NPROC=3"],
-        "two_nodes": ["make", "--no-print-directory", "lesson1", "NNODES=2", "NPROC=2"],
+        "three": ["make", "--no-print-directory", "lesson1", "NPROC=3", MAKE_PYTHON],
+        "two_nodes": ["make", "--no-print-directory", "lesson1", "NNODES=2", "NPROC=2",
+                      MAKE_PYTHON],
     }
     procs = {name: subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE,
                                     stderr=subprocess.PIPE, text=True)
@@ -191,8 +196,8 @@ def test_a_bad_option_is_one_line_and_other_ranks_leave_it_to_rank_0(rank, monke
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_bad_option_under_torchrun_is_reported_once():
-    result = run(["make", "--no-print-directory", "lesson1", "NPROC=3", "ARGS=--bogus"],
-                 timeout=100)
+    result = run(["make", "--no-print-directory", "lesson1", "NPROC=3", "ARGS=--bogus",
+                  MAKE_PYTHON], timeout=100)
     assert result.returncode != 0
     printed = result.stdout + result.stderr
     assert printed.count("error: unrecognized arguments: --bogus") == 1, printed
