@@ -14,6 +14,7 @@ import json
 import os
 import signal
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 
 from ddpcourse.launch import launch
@@ -22,8 +23,24 @@ WORKERS = Path(__file__).parent / "workers"
 _results: dict[str, subprocess.CompletedProcess] = {}
 
 
-def run_job(name: str, worker: str, **launch_args) -> subprocess.CompletedProcess:
-    """The result of the job `name` (e.g. lesson4_W3): `worker` launched with launch_args."""
+@dataclass(frozen=True)
+class Job:
+    """One torchrun job of a lesson's grading. Each tests/grading/test_lessonN.py lists its
+    jobs in JOBS, so the project's own tests can launch the same jobs for many submissions
+    (tests/project/test_grader_catches_mistakes.py)."""
+    name: str            # lesson4_W3: the file its result is replayed from
+    worker: str          # a file in workers/
+    nproc: int
+    nnodes: int = 1
+    timeout: float = 150
+    restarts: int = 0    # > 0: the worker is killed and torchrun restarts it (lesson 6)
+
+
+def run_job(job: Job, **launch_args) -> subprocess.CompletedProcess:
+    """The result of `job`, launched once per test session with launch_args, or replayed."""
+    name, worker = job.name, job.worker
+    launch_args = {"nproc": job.nproc, "nnodes": job.nnodes, "timeout": job.timeout,
+                   **(restartable(job.restarts) if job.restarts else {}), **launch_args}
     if name not in _results:
         replay = os.environ.get("COURSE_GRADING_JOBS", "").strip()
         if replay:

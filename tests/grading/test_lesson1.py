@@ -3,10 +3,13 @@
 import os
 
 import pytest
-from jobs import run_job
+from jobs import Job, run_job
 
 from ddpcourse.grading import load_exercises
 from ddpcourse.topology import Process
+
+# world size -> its job: two simulated nodes of two processes
+JOBS = {4: Job("lesson1_W4", "lesson1_identity.py", nproc=2, nnodes=2, timeout=120)}
 
 
 @pytest.fixture(scope="module")
@@ -169,7 +172,7 @@ def test_identity_without_launcher_is_a_clear_error(ex):
 def job_verdict(name):
     """The line about `name` from a simulated 2-node x 2-process job, launched once for the
     tests that need it: each process checks the graded code against torch.distributed."""
-    result = run_job("lesson1_W4", "lesson1_identity.py", nproc=2, nnodes=2, timeout=120)
+    result = run_job(JOBS[4])
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     assert os.environ.get("RANK") is None  # the test process itself is no rank
     lines = [line for line in result.stdout.splitlines() if line.startswith(f"{name}: ")]

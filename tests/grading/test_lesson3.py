@@ -13,10 +13,13 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-from jobs import run_job
+from jobs import Job, run_job
 from torch.utils.data import DistributedSampler, TensorDataset
 
 from ddpcourse.grading import load_exercises
+
+# world size -> its job
+JOBS = {w: Job(f"lesson3_W{w}", "lesson3_ddp.py", nproc=w) for w in (2, 3)}
 
 
 @pytest.fixture(scope="module")
@@ -154,7 +157,7 @@ def world_of_one():
 
 def job(world_size):
     """One torchrun launch per world size, shared by the tests that read its verdicts."""
-    result = run_job(f"lesson3_W{world_size}", "lesson3_ddp.py", nproc=world_size, timeout=150)
+    result = run_job(JOBS[world_size])
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     return result.stdout
 

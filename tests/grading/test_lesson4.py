@@ -17,13 +17,14 @@ from datetime import timedelta
 import pytest
 import torch
 import torch.distributed as dist
-from jobs import run_job
+from jobs import Job, run_job
 
 from ddpcourse.grading import load_exercises
 
-JOBS = {2: {"nproc": 2, "nnodes": 1}, 3: {"nproc": 3, "nnodes": 1},
-        4: {"nproc": 2, "nnodes": 2}}  # world size -> shape of the job
-LAUNCH_TIMEOUT = 150
+# world size -> its job (4: two simulated nodes of two)
+JOBS = {2: Job("lesson4_W2", "lesson4_checks.py", nproc=2),
+        3: Job("lesson4_W3", "lesson4_checks.py", nproc=3),
+        4: Job("lesson4_W4", "lesson4_checks.py", nproc=2, nnodes=2)}
 LAUNCHER_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK")
 
 
@@ -56,8 +57,7 @@ def job(world_size: int):
     """The lesson 4 checks at `world_size`, launched once and shared by every test."""
     # Not this process's one-node variables (a test may have set them): torchrun's own.
     env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARIABLES}
-    return run_job(f"lesson4_W{world_size}", "lesson4_checks.py", timeout=LAUNCH_TIMEOUT,
-                   env=env, **JOBS[world_size])
+    return run_job(JOBS[world_size], env=env)
 
 
 def assert_check_passed(check: str, world_size: int):

@@ -6,9 +6,12 @@ import os
 import subprocess
 
 import pytest
-from jobs import run_job
+from jobs import Job, run_job
 
 from ddpcourse.grading import load_exercises
+
+# world size -> its job: two simulated nodes of two processes
+JOBS = {4: Job("lesson5_W4", "lesson5_devices.py", nproc=2, nnodes=2, timeout=120)}
 
 
 @pytest.fixture(scope="module")
@@ -130,7 +133,7 @@ def test_devices_in_a_job_of_two_nodes(ex):
     GPUs 0-1 and 2-3, whatever their global rank."""
     ex.my_devices({"LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2", "RANK": "0",
                    "WORLD_SIZE": "4", "GROUP_RANK": "0"}, 4)  # fail fast, before a launch
-    result = run_job("lesson5_W4", "lesson5_devices.py", nproc=2, nnodes=2, timeout=120)
+    result = run_job(JOBS[4])
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     lines = [line for line in result.stdout.splitlines() if line.startswith("devices: ")]
     assert lines == ["devices: ok on 4 ranks"], result.stdout[-3000:]

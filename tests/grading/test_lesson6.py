@@ -7,10 +7,16 @@ import tempfile
 
 import pytest
 import torch
-from jobs import restartable, run_job
+from jobs import Job, run_job
 from torch.utils.data import DistributedSampler
 
 from ddpcourse.grading import load_exercises
+
+# world size -> its job. One restart is needed; the others let a restart that fails for
+# another reason (a busy machine) try again: a second resume starts from the resumed run's
+# own snapshots.
+JOBS = {w: Job(f"lesson6_W{w}", "lesson6_resume.py", nproc=w, timeout=240, restarts=3)
+        for w in (1, 2, 3)}
 
 
 @pytest.fixture(scope="module")
@@ -71,11 +77,8 @@ def test_at_another_world_size_the_rest_of_the_epoch_is_trained_once(ex):
 # --- l6_snapshot_state -------------------------------------------------------------------
 
 def kill_and_resume(world):
-    # One restart is needed; the others let a restart that fails for another reason (a busy
-    # machine) try again: a second resume starts from the resumed run's own snapshots.
     work = tempfile.mkdtemp(prefix=f"lesson6-resume-W{world}-")
-    result = run_job(f"lesson6_W{world}", "lesson6_resume.py", nproc=world, timeout=240,
-                     script_args=["--work", work], **restartable(3))
+    result = run_job(JOBS[world], script_args=["--work", work])
     lines = [line for line in result.stdout.splitlines() if line.startswith("resume: ")]
     assert lines == [f"resume: ok, bit-identical at {world} ranks"], \
         (result.stdout + result.stderr)[-3000:]

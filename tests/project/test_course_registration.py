@@ -64,6 +64,7 @@ def test_exercises_have_stubs_solutions_and_grading_tests_for_every_marker(lesso
     stub_file = lesson.folder / "exercises.py"
     grading = ROOT / "tests" / "grading" / f"test_lesson{n}.py"
     assert stub_file.exists() and grading.exists()
+    assert (lesson.folder / "grading.md").exists(), "no grading.md (what the grader checks)"
     stubs = functions(stub_file)
     stub_text, grading_text = stub_file.read_text(), grading.read_text()
     for marker in lesson.exercises:

@@ -16,6 +16,7 @@ their own.
 import importlib.util
 import json
 import re
+import sys
 import threading
 import warnings
 from concurrent.futures import ThreadPoolExecutor
@@ -33,23 +34,10 @@ pytestmark = pytest.mark.skipif(not (ROOT / "solutions").is_dir(),
 
 WRONG = ROOT / "tests" / "project" / "wrong_submissions"
 HEADER = re.compile(r'^"""(l\d+_\w+): (\d+) of (\d+)\.')
-# The jobs each lesson's grading tests read (tests/grading/test_lessonN.py): name, worker
-# and shape. A job missing here fails the grading test that asks for it.
-JOBS = {
-    1: [("lesson1_W4", "lesson1_identity.py", 2, 2)],
-    3: [("lesson3_W2", "lesson3_ddp.py", 2, 1), ("lesson3_W3", "lesson3_ddp.py", 3, 1)],
-    4: [("lesson4_W2", "lesson4_checks.py", 2, 1), ("lesson4_W3", "lesson4_checks.py", 3, 1),
-        ("lesson4_W4", "lesson4_checks.py", 2, 2)],
-    5: [("lesson5_W4", "lesson5_devices.py", 2, 2)],
-    6: [("lesson6_W1", "lesson6_resume.py", 1, 1), ("lesson6_W2", "lesson6_resume.py", 2, 1),
-        ("lesson6_W3", "lesson6_resume.py", 3, 1)],
-}
-# Workers whose job is killed and restarted once per submission, in a folder of its own.
-KILLED_ONCE_PER_SUBMISSION = {"lesson6_resume.py"}
-
-
 def load_grading_module(relative):
     path = ROOT / "tests" / "grading" / relative
+    if str(path.parent) not in sys.path:  # the grading modules import their jobs.py
+        sys.path.insert(0, str(path.parent))
     spec = importlib.util.spec_from_file_location(f"grading_{path.stem}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -88,13 +76,15 @@ def launch_jobs_for_all(lesson, folders, base):
     """Every job of the lesson once, grading all folders; each folder's share of each job is
     written where COURSE_GRADING_JOBS will look for it."""
     names = ",".join(str(folder) for folder, _ in folders)
-    for name, worker, nproc, nnodes in JOBS[lesson]:
-        args, options = ["--submissions", names], {}
-        if worker in KILLED_ONCE_PER_SUBMISSION:
+    grading = load_grading_module(f"test_lesson{lesson}.py")
+    for job in grading.JOBS.values():
+        name, args, options = job.name, ["--submissions", names], {}
+        if job.restarts:  # killed and restarted once per submission, in a folder of its own
             args += ["--work", str(base / f"work_{name}")]
             options = load_grading_module("jobs.py").restartable(2 * len(folders) + 1)
-        result = launch(f"tests/grading/workers/{worker}", args, nproc=nproc, nnodes=nnodes,
-                        timeout=200, capture=True, echo=False, cwd=str(ROOT), **options)
+        result = launch(f"tests/grading/workers/{job.worker}", args, nproc=job.nproc,
+                        nnodes=job.nnodes, timeout=200, capture=True, echo=False,
+                        cwd=str(ROOT), **options)
         assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
         blocks = re.split(r"^### submission (.+)$", result.stdout, flags=re.M)
         shares = dict(zip(blocks[1::2], blocks[2::2], strict=True))

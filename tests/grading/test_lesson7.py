@@ -1,0 +1,322 @@
+"""Grading tests for lesson 7. bucket_assignment is checked against the rule in its
+docstring; BucketedAllReduce against DDP and, for most of its points, by its mechanism: one
+all-reduce per bucket, started in backward as the bucket fills and not waited for there;
+sync_batch_norm against BatchNorm on every rank's batch together, and by what it
+communicates (the statistics, never the batch); accumulation_step against one process on
+the big batch, by which forwards run outside no_sync (a stand-in for DDP, in this process)
+and by the gradient values the real DDP all-reduces per optimizer step. The checks that
+need several ranks run in one torchrun job per world size (workers/lesson7_checks.py)."""
+
+import copy
+from contextlib import contextmanager
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+from jobs import Job, run_job
+
+from ddpcourse.grading import load_exercises
+
+# world size -> its job
+JOBS = {w: Job(f"lesson7_W{w}", "lesson7_checks.py", nproc=w) for w in (2, 3)}
+
+
+@pytest.fixture(scope="module")
+def ex():
+    return load_exercises(7)
+
+
+@contextmanager
+def world_of_one():
+    """A one-process gloo group inside this test process: enough to call the code once."""
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1,
+                            timeout=timedelta(seconds=10))
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def once(check):
+    """A fail-fast check runs once per grading run; later calls repeat its outcome."""
+    outcome = {}
+
+    def run(ex):
+        if "error" not in outcome:
+            try:
+                check(ex)
+                outcome["error"] = None
+            except Exception as error:
+                outcome["error"] = error
+        if outcome["error"] is not None:
+            raise outcome["error"]
+    return run
+
+
+def job(world_size):
+    """One torchrun launch per world size, shared by the tests that read its verdicts."""
+    result = run_job(JOBS[world_size])
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    return result.stdout
+
+
+def verdict(world_size, name):
+    stdout = job(world_size)
+    lines = [line for line in stdout.splitlines() if line.startswith(f"{name}: ")]
+    assert len(lines) == 1, stdout[-3000:]
+    assert lines[0].startswith(f"{name}: ok on {world_size} ranks"), lines[0]
+
+
+# --- l7_bucketed_allreduce ----------------------------------------------------------------
+
+def rule(sizes, cap):
+    """The grader's copy of the rule in bucket_assignment's docstring."""
+    buckets, filled = [], 0
+    for index in reversed(range(len(sizes))):
+        if buckets and filled + sizes[index] <= cap:
+            buckets[-1].append(index)
+            filled += sizes[index]
+        else:
+            buckets.append([index])
+            filled = sizes[index]
+    return buckets
+
+
+@pytest.mark.l7_bucketed_allreduce
+@pytest.mark.points(2)
+def test_bucket_assignment_fills_buckets_from_the_last_parameter(ex):
+    assert ex.bucket_assignment([48, 16, 32, 8], 40) == [[3, 2], [1], [0]]
+    assert ex.bucket_assignment([4, 4, 4], 1000) == [[2, 1, 0]]
+    assert ex.bucket_assignment([4, 4, 4], 4) == [[2], [1], [0]]
+    assert ex.bucket_assignment([4, 4, 4], 1) == [[2], [1], [0]]  # each over the cap alone
+    assert ex.bucket_assignment([], 10) == []
+    # filled from the first parameter the buckets would be [[0, 1], [2, 3], [4..7]]
+    layers = [512, 64, 1024, 64, 768, 48, 192, 16]
+    assert ex.bucket_assignment(layers, 1100) == [[7, 6, 5, 4, 3], [2, 1], [0]]
+    g = torch.Generator().manual_seed(0)
+    for cap in (1, 100, 333, 1000, 4096):
+        sizes = (torch.randint(1, 400, (30,), generator=g) * 4).tolist()
+        assert ex.bucket_assignment(sizes, cap) == rule(sizes, cap), cap
+    for cap in (0, -5):
+        with pytest.raises(ValueError):
+            ex.bucket_assignment([4, 4], cap)
+
+
+@once
+def bucketed_in_one_process(ex):
+    """Fail fast, before paying for a launch: in a world of one the averaged gradients are
+    the gradients themselves."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))
+    plain = copy.deepcopy(model)
+    with world_of_one():
+        averager = ex.BucketedAllReduce(model, bucket_cap_bytes=100)
+        for step in range(2):
+            x = torch.randn(5, 6)
+            model.zero_grad()
+            plain.zero_grad()
+            model(x).square().sum().backward()
+            plain(x).square().sum().backward()
+            averager.finish()
+            for p, q in zip(model.parameters(), plain.parameters(), strict=True):
+                assert p.grad is not None and torch.allclose(p.grad, q.grad), \
+                    f"step {step + 1}: in a world of one the gradients changed"
+
+
+@pytest.mark.l7_bucketed_allreduce
+@pytest.mark.points(1)
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_bucketed_gradients_equal_ddps(ex, world_size):
+    """Two SGD steps at two bucket caps, one with a frozen parameter (and on 3 ranks in a
+    group of ranks 0 and 1): after finish() the gradients are DDP's."""
+    bucketed_in_one_process(ex)
+    verdict(world_size, "bucketed_result")
+
+
+@pytest.mark.l7_bucketed_allreduce
+@pytest.mark.points(2)
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_one_all_reduce_per_bucket_each_within_the_cap(ex, world_size):
+    """Every step: as many all-reduces as buckets, of exactly the buckets' sizes. One per
+    parameter, or buckets filled from the first parameter, fail here."""
+    bucketed_in_one_process(ex)
+    verdict(world_size, "bucketed_buckets")
+
+
+@pytest.mark.l7_bucketed_allreduce
+@pytest.mark.points(3)
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_buckets_start_during_backward_and_are_waited_for_in_finish(ex, world_size):
+    """The overlap: each all-reduce starts in backward (async_op=True), all but the last
+    while gradients are still to come, and nothing waits for one until finish(). All
+    started after backward, or waited for in the hook, fail here."""
+    bucketed_in_one_process(ex)
+    verdict(world_size, "bucketed_overlap")
+
+
+# --- l7_sync_batchnorm --------------------------------------------------------------------
+
+@once
+def sync_bn_in_one_process(ex):
+    """Fail fast: in a world of one it is plain batch norm."""
+    x = torch.randn(6, 3, 2, 2) * 2 + 1
+    weight, bias = torch.rand(3) + 0.5, torch.randn(3)
+    with world_of_one():
+        got = ex.sync_batch_norm(x, None, None, weight, bias)
+    want = F.batch_norm(x, None, None, weight, bias, training=True)
+    assert torch.allclose(got, want, rtol=1e-4, atol=1e-4), \
+        "in a world of one the output is not batch norm's"
+
+
+@pytest.mark.l7_sync_batchnorm
+@pytest.mark.points(1)
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_sync_batch_norm_output_is_batchnorm_on_all_ranks_batches(ex, world_size):
+    """Batches of different sizes per rank, (N, C, H, W) and (N, C): each rank's rows of
+    BatchNorm's output on every rank's batch together."""
+    sync_bn_in_one_process(ex)
+    verdict(world_size, "sync_bn_forward")
+
+
+@pytest.mark.l7_sync_batchnorm
+@pytest.mark.points(3)
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_sync_batch_norm_gradients(ex, world_size):
+    """The input's gradient (each rank's rows of BatchNorm's), and each rank's own share of
+    the weight's and bias's gradients."""
+    sync_bn_in_one_process(ex)
+    verdict(world_size, "sync_bn_backward")
+
+
+@pytest.mark.l7_sync_batchnorm
+@pytest.mark.points(1)
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_sync_batch_norm_running_statistics(ex, world_size):
+    """running_mean and running_var (the unbiased variance) as BatchNorm's after two calls."""
+    sync_bn_in_one_process(ex)
+    verdict(world_size, "sync_bn_running")
+
+
+@pytest.mark.l7_sync_batchnorm
+@pytest.mark.points(2)
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_sync_batch_norm_communicates_statistics_not_the_batch(ex, world_size):
+    """Forward and backward each send O(channels) values, whatever the batch size: an
+    all_gather of the input gives the right numbers and fails here."""
+    sync_bn_in_one_process(ex)
+    verdict(world_size, "sync_bn_traffic")
+
+
+# --- l7_accumulate_no_sync ----------------------------------------------------------------
+
+def small_model():
+    torch.manual_seed(3)
+    return nn.Sequential(nn.Linear(10, 16), nn.Tanh(), nn.Linear(16, 3))
+
+
+class StandInForDDP(nn.Module):
+    """What accumulation_step sees of DDP in a one-process test, without a process group:
+    the module, and no_sync(). As DDP does, it decides at each forward whether the backward
+    that follows would all-reduce the gradients (outside no_sync, with grad enabled), and
+    notes the decision. The real DDP grades the same code in the job."""
+
+    def __init__(self, module):
+        super().__init__()
+        self.module = module
+        self.require_backward_grad_sync = True
+        self.synced: list[bool] = []  # per forward: would its backward all-reduce?
+
+    @contextmanager
+    def no_sync(self):
+        before = self.require_backward_grad_sync
+        self.require_backward_grad_sync = False
+        try:
+            yield
+        finally:
+            self.require_backward_grad_sync = before
+
+    def forward(self, *args, **kwargs):
+        self.synced.append(self.require_backward_grad_sync and torch.is_grad_enabled())
+        return self.module(*args, **kwargs)
+
+
+def accumulate_in_one_process(ex, k, steps=2):
+    """(the trained model, the reference, per step the forwards' all-reduce decisions)
+    after `steps` accumulation steps of k micro-batches of 4."""
+    g = torch.Generator().manual_seed(k)
+    data = [[(torch.randn(4, 10, generator=g), torch.randint(0, 3, (4,), generator=g))
+             for _ in range(k)] for _ in range(steps)]
+    model = small_model()
+    reference = copy.deepcopy(model)
+    wrapped = StandInForDDP(model)
+    optimizer = torch.optim.SGD(wrapped.parameters(), lr=0.1, momentum=0.9)
+    decisions = []
+    for micro_batches in data:
+        wrapped.synced = []
+        loss = ex.accumulation_step(wrapped, optimizer, micro_batches, F.cross_entropy)
+        assert isinstance(loss, float), f"accumulation_step returned {type(loss).__name__}"
+        decisions.append(wrapped.synced)
+    optimizer = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
+    for micro_batches in data:
+        x = torch.cat([x for x, _ in micro_batches])
+        y = torch.cat([y for _, y in micro_batches])
+        optimizer.zero_grad()
+        F.cross_entropy(reference(x), y).backward()
+        optimizer.step()
+    return model, reference, decisions
+
+
+@once
+def accumulate_fails_fast(ex):
+    """Before paying for a launch: the code runs (a wrong result is the job's to find)."""
+    accumulate_in_one_process(ex, 2, steps=1)
+
+
+def assert_same(model, reference, k):
+    for (name, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):
+        assert torch.allclose(p, q, rtol=1e-5, atol=1e-6), \
+            f"K={k}: {name} differs from one step on the big batch"
+
+
+@pytest.mark.l7_accumulate_no_sync
+@pytest.mark.points(1)
+def test_accumulation_equals_one_big_batch_in_one_process(ex):
+    for k in (1, 3):
+        model, reference, _ = accumulate_in_one_process(ex, k)
+        assert_same(model, reference, k)
+
+
+@pytest.mark.l7_accumulate_no_sync
+@pytest.mark.points(2)
+def test_only_the_last_micro_batch_is_synchronised(ex):
+    """Of the K forwards of a step, DDP would all-reduce after the last only: the others
+    run inside no_sync() (the forward too: DDP decides there)."""
+    model, reference, decisions = accumulate_in_one_process(ex, 4)
+    assert_same(model, reference, 4)
+    for step, synced in enumerate(decisions):
+        assert synced.count(True) == 1 and synced[-1], \
+            (f"step {step + 1}: the forwards that DDP would follow with an all-reduce: "
+             f"{synced} (True: outside no_sync); the last one only should be")
+
+
+@pytest.mark.l7_accumulate_no_sync
+@pytest.mark.points(1)
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_accumulation_equals_one_big_batch_on_every_rank(ex, world_size):
+    """Two steps of K=3 micro-batches per rank: the parameters of one process on every
+    rank's micro-batches together, the same on every rank."""
+    accumulate_fails_fast(ex)
+    verdict(world_size, "accumulate_result")
+
+
+@pytest.mark.l7_accumulate_no_sync
+@pytest.mark.points(1)
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_accumulation_all_reduces_once_per_optimizer_step(ex, world_size):
+    """With the real DDP, the gradient values all-reduced per optimizer step: the
+    parameters' worth once, not K times, not never."""
+    accumulate_fails_fast(ex)
+    verdict(world_size, "accumulate_allreduce")

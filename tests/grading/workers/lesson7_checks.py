@@ -1,0 +1,438 @@
+"""Run under torchrun by the lesson 7 grading tests: checks the graded code in a real job.
+
+bucketed: BucketedAllReduce averages the gradients of a plain model for two SGD steps, at
+two bucket caps (and, on 3 or more ranks, inside a group of ranks 0 and 1), next to DDP
+training a copy of the model on the same data. While it runs the worker notes every
+collective the rank starts (traffic.py's dispatch mode), when (during backward or in
+finish) and how many gradients were still to come then, and every Work.wait() call.
+  bucketed_result   after finish() the gradients equal DDP's, step after step;
+  bucketed_buckets  one all-reduce per bucket per step, of exactly the buckets'
+                    sizes (bucket_assignment's rule), none bigger than the cap;
+  bucketed_overlap  every all-reduce started during backward with async_op=True, all but
+                    the last while gradients were still to come, none waited for until
+                    backward was over.
+sync_bn: every rank normalises its own batch (of a size that differs from rank to rank)
+with sync_batch_norm, twice, (N, C, H, W) then (N, C); the reference is F.batch_norm on
+all the ranks' batches concatenated.
+  sync_bn_forward   the outputs;
+  sync_bn_backward  the input's gradient, and this rank's share of weight's and bias's;
+  sync_bn_running   the running mean and the running (unbiased) variance;
+  sync_bn_traffic   forward and backward each communicate O(channels) values: at most
+                    4 (C + 1) W per rank, whatever the batch (and the forward is right).
+accumulate: accumulation_step trains a DDP model for two optimizer steps of K = 3
+micro-batches per rank; the reference is one process on each step's big batch.
+  accumulate_result     the parameters equal the reference's, on every rank;
+  accumulate_allreduce  each step all-reduced the parameters' worth of gradient values
+                        once: not K times (no no_sync), not zero times.
+
+Each check runs in a process group of its own (common.py). Rank 0 prints one line per
+verdict: `<name>: ok on W ranks ...` or `<name>: FAILED: ...`. --submissions A,B,...
+grades several submission folders, one block after `### submission A` each.
+"""
+
+import copy
+import json
+import re
+from contextlib import contextmanager
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+from common import (
+    RANK,
+    WORLD,
+    everyones_verdict,
+    exercises_or_error,
+    grade_each_submission,
+    group_of_its_own,
+    one_line,
+)
+from torch._C._distributed_c10d import Work
+from torch.nn.parallel import DistributedDataParallel as DDP
+from traffic import NAMESPACES, Traffic
+
+import ddpcourse.runtime  # noqa: F401  before init_process_group: see the comment there
+
+GROUP_TIMEOUT = timedelta(seconds=30)
+torch.set_num_threads(1)
+
+
+def all_reduced(collectives) -> int:
+    return sum(c.numel for c in collectives if "allreduce" in c.op or "all_reduce" in c.op)
+
+
+# --- l7_bucketed_allreduce ----------------------------------------------------------------
+
+def layered_model(seed=0):
+    """Gradient sizes in bytes, registration order: 512 64 1024 64 768 48 192 16."""
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 16), nn.Tanh(),
+                         nn.Linear(16, 12), nn.Tanh(), nn.Linear(12, 4))
+
+
+# (cap in bytes, index of a parameter to freeze or None). At 1100 bytes the right buckets
+# are 1088, 1088 and 512 bytes; filled from the first parameter they would be 576, 1088
+# and 1024. At 300 bytes, with the first bias frozen: 5 buckets for 7 parameters.
+CONFIGS = [(1100, None), (300, 1)]
+STEPS = 2
+
+
+class Watch:
+    """Where the graded code's communication happens: the phase ("backward", "finish"),
+    how many gradients are still to come, the all-reduces started, and the waits."""
+
+    def __init__(self):
+        self.phase = None
+        self.pending = 0
+        self.launches = []   # (op, numel, phase, pending, async_op)
+        self.waits = []      # phase of each Work.wait()
+
+
+class Launches(Traffic):
+    def __init__(self, watch):
+        super().__init__()
+        self.watch = watch
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.namespace in NAMESPACES:
+            name = func._schema.name
+            known = len(self.collectives)
+            result = super().__torch_dispatch__(func, types, args, kwargs)
+            if len(self.collectives) > known:  # a collective, not a wait or a barrier
+                async_op = (args[4] if name == "c10d::allreduce_" and len(args) > 4
+                            else (kwargs or {}).get("asyncOp", True))
+                w = self.watch
+                w.launches.append((name, self.collectives[-1].numel, w.phase, w.pending,
+                                   bool(async_op)))
+            return result
+        return func(*args, **(kwargs or {}))
+
+
+@contextmanager
+def waits_noted(watch):
+    real_wait = vars(Work)["wait"]
+
+    def wait(self, *args, **kwargs):
+        watch.waits.append(watch.phase)
+        return real_wait(self, *args, **kwargs)
+
+    Work.wait = wait
+    try:
+        yield
+    finally:
+        Work.wait = real_wait
+
+
+def step_data(step, group_ranks):
+    """This rank's batch for a step: different data, even a different size, per rank."""
+    g = torch.Generator().manual_seed(1000 * step + RANK)
+    n = 5 + group_ranks.index(RANK)
+    return torch.randn(n, 8, generator=g), torch.randint(0, 4, (n,), generator=g)
+
+
+def run_bucketed(ex, cap, frozen, group, group_ranks):
+    """Two steps with the graded averager next to DDP; per step the problems and the
+    watch."""
+    mine, theirs = layered_model(), layered_model()
+    for model in (mine, theirs):
+        if frozen is not None:
+            list(model.parameters())[frozen].requires_grad_(False)
+    ddp = DDP(theirs, process_group=group)
+    params = [p for p in mine.parameters() if p.requires_grad]
+    watch = Watch()
+
+    def noted(param):
+        watch.pending -= 1
+    for p in params:  # before the graded hooks, so they run first
+        p.register_post_accumulate_grad_hook(noted)
+    averager = ex.BucketedAllReduce(mine, cap, group=group)
+    opt_mine = torch.optim.SGD(mine.parameters(), lr=0.1, momentum=0.9)
+    opt_theirs = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)
+    steps = []
+    for step in range(STEPS):
+        x, y = step_data(step, group_ranks)
+        opt_theirs.zero_grad()
+        F.cross_entropy(ddp(x), y).backward()
+        opt_mine.zero_grad()
+        loss = F.cross_entropy(mine(x), y)
+        watch.launches, watch.waits, watch.pending = [], [], len(params)
+        with Launches(watch), waits_noted(watch):
+            watch.phase = "backward"
+            loss.backward()
+            watch.phase = "finish"
+            averager.finish()
+            watch.phase = None
+        problems = []
+        for (name, p), q in zip(mine.named_parameters(), ddp.module.parameters(), strict=True):
+            if not p.requires_grad:
+                continue
+            if p.grad is None or not torch.allclose(p.grad, q.grad, rtol=1e-5, atol=1e-6):
+                problems.append(f"rank {RANK}, cap {cap} bytes, step {step + 1}: the gradient of "
+                                f"{name} differs from DDP's")
+                break
+        steps.append((problems, copy.deepcopy(watch)))
+        opt_mine.step()
+        opt_theirs.step()
+    return params, steps
+
+
+def expected_buckets(params, cap):
+    """The buckets by the rule in bucket_assignment's docstring (the grader's own copy)."""
+    buckets, filled = [], 0
+    for p in reversed(params):
+        size = p.numel() * p.element_size()
+        if buckets and filled + size <= cap:
+            buckets[-1] += p.numel()
+            filled += size
+        else:
+            buckets.append(p.numel())
+            filled = size
+    return sorted(buckets)
+
+
+def bucket_problems(params, cap, step, watch):
+    want = expected_buckets(params, cap)
+    got = sorted(numel for op, numel, *_ in watch.launches)
+    ops = {op for op, *_ in watch.launches}
+    where = f"rank {RANK}, cap {cap} bytes, step {step + 1}"
+    if ops - {"c10d::allreduce_"}:
+        return [f"{where}: collectives other than all_reduce: {sorted(ops)}"]
+    if got == want:
+        return []
+    alone = {p.numel() for p in params}  # a parameter over the cap has a bucket of its own
+    too_big = [n for n in got if n * 4 > cap and n not in alone]
+    return [f"{where}: {len(got)} all-reduces of {got} values; the buckets hold {want} "
+            f"values ({len(params)} parameters)" + (f"; {too_big} over the cap" if too_big else "")]
+
+
+def overlap_problems(cap, step, watch):
+    where = f"rank {RANK}, cap {cap} bytes, step {step + 1}"
+    launches = watch.launches
+    if not launches:
+        return [f"{where}: no all-reduce was started"]
+    late = [numel for _, numel, phase, *_ in launches if phase != "backward"]
+    if late:
+        return [f"{where}: {len(late)} of {len(launches)} all-reduces started after backward "
+                "(in finish), so none of the communication overlaps backward's computation"]
+    blocking = [launch for launch in launches if not launch[-1]]
+    if blocking:
+        return [f"{where}: {len(blocking)} all-reduces were blocking (async_op=False): "
+                "backward stood still while they ran"]
+    waited = watch.waits.count("backward")
+    if waited:
+        return [f"{where}: {waited} Work.wait() calls during backward: the hooks waited for "
+                "their all-reduce, so backward stood still while it ran (wait in finish)"]
+    early = sum(1 for *_, pending, _ in launches if pending > 0)
+    if early < len(launches) - 1:
+        return [f"{where}: only {early} of {len(launches)} all-reduces started while "
+                "gradients were still to come: a bucket's all-reduce starts as soon as its "
+                "last gradient arrives"]
+    return []
+
+
+def check_bucketed(ex):
+    result, buckets, overlap = [], [], []
+    cases = [(cap, frozen, None, list(range(WORLD))) for cap, frozen in CONFIGS]
+    pair = dist.new_group([0, 1]) if WORLD > 2 else None
+    if pair is not None:
+        cases.append((1100, None, pair, [0, 1]))
+    counts = []
+    for cap, frozen, group, ranks in cases:
+        if RANK not in ranks:
+            continue
+        params, steps = run_bucketed(ex, cap, frozen, group, ranks)
+        for step, (problems, watch) in enumerate(steps):
+            if group is not None and problems:
+                problems = [p + " (in a group of ranks 0 and 1: the mean over the group)"
+                            for p in problems]
+            result += problems
+            if group is None:
+                buckets += bucket_problems(params, cap, step, watch)
+                overlap += overlap_problems(cap, step, watch)
+                counts.append(len(watch.launches))
+    if result:  # the mechanism counts only with the right gradients
+        buckets = overlap = [f"rank {RANK}: the gradients are wrong (see bucketed_result)"]
+    note = f"all-reduces per step: {counts}"
+    return {"bucketed_result": (result[:1], ""), "bucketed_buckets": (buckets[:1], note),
+            "bucketed_overlap": (overlap[:1], "")}
+
+
+# --- l7_sync_batchnorm --------------------------------------------------------------------
+
+CHANNELS = 3
+# Per rank and pass: the statistics (2C + 1 values, W times over for an all_gather, which
+# counts what it receives), never the batch (at least 96 values per rank in the first call).
+MAX_VALUES = 4 * (CHANNELS + 1) * WORLD
+
+
+def rank_sizes():
+    return [2 + 3 * r for r in range(WORLD)]  # 2, 5, 8: unequal batches
+
+
+def check_sync_bn(ex):
+    forward, backward, running, traffic = [], [], [], []
+    g = torch.Generator().manual_seed(11)
+    weight0 = torch.rand(CHANNELS, generator=g) + 0.5
+    bias0 = torch.randn(CHANNELS, generator=g)
+    mean_ref, var_ref = torch.zeros(CHANNELS), torch.ones(CHANNELS)
+    mean_mine, var_mine = torch.zeros(CHANNELS), torch.ones(CHANNELS)
+    for call, extra in enumerate([(4, 4), ()]):
+        sizes = [n + call for n in rank_sizes()]
+        shape = (sum(sizes), CHANNELS, *extra)
+        x_all = torch.randn(shape, generator=g) * 2 + 1.5
+        dy_all = torch.randn(shape, generator=g)
+        lo, hi = sum(sizes[:RANK]), sum(sizes[:RANK + 1])
+        where = f"rank {RANK}, input {tuple(x_all[lo:hi].shape)}"
+        # the reference: BatchNorm on every rank's batch together
+        x_ref = x_all.clone().requires_grad_(True)
+        w_ref, b_ref = weight0.clone().requires_grad_(True), bias0.clone().requires_grad_(True)
+        y_ref = F.batch_norm(x_ref, mean_ref, var_ref, w_ref, b_ref, training=True,
+                             momentum=0.1, eps=1e-5)
+        (y_ref * dy_all).sum().backward()
+        x_hat = ((y_ref - b_ref.view(1, -1, *[1] * len(extra))) /
+                 w_ref.view(1, -1, *[1] * len(extra))).detach()
+        dims = [0, *range(2, x_all.dim())]
+        w_share = (dy_all[lo:hi] * x_hat[lo:hi]).sum(dims)
+        b_share = dy_all[lo:hi].sum(dims)
+        # the graded code on this rank's rows
+        x = x_all[lo:hi].clone().requires_grad_(True)
+        w, b = weight0.clone().requires_grad_(True), bias0.clone().requires_grad_(True)
+        with Traffic() as seen_forward:
+            y = ex.sync_batch_norm(x, mean_mine, var_mine, w, b, momentum=0.1, eps=1e-5)
+        if not torch.allclose(y, y_ref[lo:hi], rtol=1e-4, atol=1e-4):
+            forward.append(f"{where}: the output differs from BatchNorm's on all ranks' "
+                           f"batches by {(y - y_ref[lo:hi]).abs().max():.2e}")
+        with Traffic() as seen_backward:
+            (y * dy_all[lo:hi]).sum().backward()
+        for name, got, want in [("input", x.grad, x_ref.grad[lo:hi]),
+                                ("weight", w.grad, w_share), ("bias", b.grad, b_share)]:
+            if got is None or not torch.allclose(got, want, rtol=1e-4, atol=1e-4):
+                backward.append(f"{where}: the gradient of {name} is wrong" + (
+                    "" if name == "input" else " (this rank's share: the sum over its own "
+                    "values)"))
+                break
+        for seen, part in ((seen_forward, "forward"), (seen_backward, "backward")):
+            values = sum(c.numel for c in seen.collectives)
+            if call == 0 and values > MAX_VALUES:
+                traffic.append(f"{where}: the {part} communicated {values} values; the "
+                               f"statistics of {CHANNELS} channels on {WORLD} ranks take at "
+                               f"most {MAX_VALUES} (this rank's input holds {x.numel()})")
+    for name, got, want in [("running_mean", mean_mine, mean_ref),
+                            ("running_var", var_mine, var_ref)]:
+        if not torch.allclose(got, want, rtol=1e-5, atol=1e-5):
+            running.append(f"rank {RANK}: {name} is {[round(v, 5) for v in got.tolist()]}, "
+                           f"BatchNorm's {[round(v, 5) for v in want.tolist()]}"
+                           + (" (the unbiased variance?)" if name == "running_var" else ""))
+    if forward:
+        traffic = [f"rank {RANK}: the output is wrong (see sync_bn_forward)"]
+    return {"sync_bn_forward": (forward[:1], ""), "sync_bn_backward": (backward[:1], ""),
+            "sync_bn_running": (running[:1], ""), "sync_bn_traffic": (traffic[:1], "")}
+
+
+# --- l7_accumulate_no_sync ----------------------------------------------------------------
+
+K, MICRO, OPT_STEPS = 3, 4, 2
+
+
+def small_model():
+    torch.manual_seed(3)
+    return nn.Sequential(nn.Linear(10, 16), nn.Tanh(), nn.Linear(16, 3))
+
+
+def micro_batches(step, rank):
+    g = torch.Generator().manual_seed(100 * step + rank)
+    return [(torch.randn(MICRO, 10, generator=g), torch.randint(0, 3, (MICRO,), generator=g))
+            for _ in range(K)]
+
+
+def check_accumulate(ex):
+    model = small_model()
+    start = copy.deepcopy(model)
+    ddp = DDP(model)
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)
+    params = sum(p.numel() for p in model.parameters())
+    per_step = []
+    for step in range(OPT_STEPS):
+        with Traffic() as seen:
+            ex.accumulation_step(ddp, optimizer, micro_batches(step, RANK), F.cross_entropy)
+        per_step.append(all_reduced(seen.collectives))
+    reference = copy.deepcopy(start)
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
+    for step in range(OPT_STEPS):
+        pairs = [pair for r in range(WORLD) for pair in micro_batches(step, r)]
+        x, y = torch.cat([p[0] for p in pairs]), torch.cat([p[1] for p in pairs])
+        ref_opt.zero_grad()
+        F.cross_entropy(reference(x), y).backward()
+        ref_opt.step()
+    mine = torch.cat([p.detach().flatten() for p in model.parameters()])
+    ref = torch.cat([p.detach().flatten() for p in reference.parameters()])
+    diff = (mine - ref).abs().max().item()
+    result = []
+    if diff > 1e-5:
+        result.append(f"rank {RANK}: after {OPT_STEPS} steps of K={K} micro-batches the "
+                      f"parameters differ from one process on the big batches by {diff:.2e}")
+    everyone = [torch.empty_like(mine) for _ in range(WORLD)]
+    dist.all_gather(everyone, mine)
+    if not all(torch.equal(e, mine) for e in everyone):
+        result.append(f"rank {RANK}: the ranks ended with different parameters")
+    allreduce = []
+    if result:
+        allreduce = [f"rank {RANK}: the result is wrong (see accumulate_result)"]
+    elif any(not params <= n < 2 * params for n in per_step):
+        allreduce = [f"rank {RANK}: gradient values all-reduced per optimizer step: "
+                     f"{per_step}; the {params} parameters once each is {params} (K={K} "
+                     "micro-batches: no_sync on all but the last)"]
+    return {"accumulate_result": (result, f"max difference {diff:.1e}"),
+            "accumulate_allreduce": (allreduce, f"values all-reduced per step: {per_step}")}
+
+
+CHECKS = {"bucketed": check_bucketed, "sync_bn": check_sync_bn, "accumulate": check_accumulate}
+VERDICTS = {"bucketed": ["bucketed_result", "bucketed_buckets", "bucketed_overlap"],
+            "sync_bn": ["sync_bn_forward", "sync_bn_backward", "sync_bn_running",
+                        "sync_bn_traffic"],
+            "accumulate": ["accumulate_result", "accumulate_allreduce"]}
+
+
+def summary(problems: list[str]) -> str:
+    """The ranks' problems, each told once with the ranks that had it."""
+    ranks_of: dict[str, list[str]] = {}
+    for problem in problems:
+        match = re.match(r"rank (\d+)(, |: )(.*)", problem)
+        text, rank = (match.group(3), match.group(1)) if match else (problem, None)
+        ranks_of.setdefault(text, [])
+        if rank is not None:
+            ranks_of[text].append(rank)
+    told = [(f"rank{'s' if len(r) > 1 else ''} {', '.join(r)}: " if r else "") + text
+            for text, r in ranks_of.items()]
+    return "; ".join(told[:3]) + (f"; and {len(told) - 3} more" if len(told) > 3 else "")
+
+
+def run_checks(store, tag) -> list[str]:
+    ex, import_error = exercises_or_error(7)
+    lines = []
+    for check, fn in CHECKS.items():
+        with group_of_its_own(store, f"lesson7/{tag}/{check}", GROUP_TIMEOUT):
+            try:
+                if import_error:
+                    raise RuntimeError(import_error)
+                outcome = fn(ex)
+            except BaseException as error:  # the graded code raised: the next check runs
+                outcome = {name: ([f"rank {RANK}: {one_line(error)}"], "")
+                           for name in VERDICTS[check]}
+            for name in VERDICTS[check]:
+                gathered = [json.loads(v) if v.startswith("[") else ([v], "") for v in
+                            everyones_verdict(store, f"lesson7/{tag}/{name}",
+                                              json.dumps(outcome[name]))]
+                problems = [p for per_rank, _ in gathered for p in per_rank]
+                if problems:
+                    lines.append(f"{name}: FAILED: " + summary(problems))
+                else:
+                    note = gathered[0][1]
+                    lines.append(f"{name}: ok on {WORLD} ranks" + (f", {note}" if note else ""))
+    return lines
+
+
+if __name__ == "__main__":
+    grade_each_submission(run_checks, "lesson 7 grading checks")
