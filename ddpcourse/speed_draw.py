@@ -1,0 +1,220 @@
+"""Lesson 7's pictures, each drawn from a run's own numbers.
+
+- The overlap timeline, from the Chrome traces that torch.profiler wrote on every rank
+  (scripts/lesson7_overlap.py --trace): forward, backward, waiting and the optimizer step on
+  one lane per rank, the all-reduces on a second lane below it.
+- Data-loader throughput against num_workers (scripts/lesson7_dataloader.py --json).
+- Memory per process, unique and shared, for a dataset loaded by every process against one
+  loaded once and shared (scripts/lesson7_shared_dataset.py --json).
+
+The readings' figures come from runs recorded in lessons/lesson7/figures/*.json (the command
+that made each is stored beside its numbers); `make figures` redraws them from there.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ddpcourse.topology import PALETTE
+
+RECORDED = Path(__file__).resolve().parents[1] / "lessons" / "lesson7" / "figures"
+MARKERS = ("forward", "backward", "wait for all-reduces", "optimizer step")
+MARKER_COLOURS = {"forward": PALETTE[1], "backward": PALETTE[4], "wait for all-reduces":
+                  "#BBBBBB", "optimizer step": PALETTE[2]}
+COMM_COLOUR = PALETTE[5]
+
+
+# --- the overlap trace ---------------------------------------------------------------------
+
+def spans_of_trace(path) -> dict:
+    """The step's phases and its all-reduces, from a torch.profiler Chrome trace.
+
+    Returns {"compute": [[name, start_ms, end_ms], ...], "comm": [[name, start_ms, end_ms],
+    ...]}, times on the trace's own clock (processes on one machine share it). The phases are
+    the record_function markers of MARKERS. An all-reduce is an event named "<backend>:all_reduce":
+    gloo's run on its worker threads for as long as the collective takes. On a
+    GPU the transfer is a kernel: "nccl" kernels are taken instead of the CPU's short
+    enqueue events when the trace has them, and the phases are then the GPU kernels that
+    each marker launched (matched by the profiler's correlation ids).
+    """
+    with open(path) as f:
+        events = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
+
+    def span(e):
+        return [e["ts"] / 1e3, (e["ts"] + e.get("dur", 0)) / 1e3]
+
+    markers = [e for e in events if e["name"] in MARKERS and e.get("cat") == "user_annotation"]
+    kernels = [e for e in events if e.get("cat") == "kernel"]
+    nccl = [e for e in kernels if "nccl" in e["name"].lower()]
+    if nccl:  # a GPU: where the kernels ran, not where the CPU launched them
+        launches = {e["args"].get("correlation"): e for e in events
+                    if e.get("cat") in ("cuda_runtime", "cuda_driver")
+                    and "correlation" in e.get("args", {})}
+        compute = []
+        for marker in markers:
+            lo, hi = span(marker)
+            ran = [span(k) for k in kernels if k not in nccl and (launch := launches.get(
+                k["args"].get("correlation"))) and lo <= launch["ts"] / 1e3 <= hi]
+            if ran:
+                compute.append([marker["name"], min(s for s, _ in ran), max(e for _, e in ran)])
+        comm = [["all_reduce", *span(k)] for k in nccl]
+    else:
+        compute = [[e["name"], *span(e)] for e in markers]
+        comm = [["all_reduce", *span(e)] for e in events if e["name"].endswith(":all_reduce")]
+    return {"compute": sorted(compute, key=lambda s: s[1]),
+            "comm": sorted(comm, key=lambda s: s[1])}
+
+
+def overlap_of(spans: dict) -> dict:
+    """How many all-reduces started before backward ended, and what share of the all-reduce
+    time fell inside backward: {"count", "early", "hidden"}."""
+    backward = [s for s in spans["compute"] if s[0] == "backward"]
+    if not backward or not spans["comm"]:
+        return {"count": len(spans["comm"]), "early": 0, "hidden": 0.0}
+    start, end = backward[0][1], backward[0][2]
+    early = sum(1 for _, s, _ in spans["comm"] if s < end)
+    total = sum(e - s for _, s, e in spans["comm"])
+    inside = sum(max(0.0, min(e, end) - max(s, start)) for _, s, e in spans["comm"])
+    return {"count": len(spans["comm"]), "early": early, "hidden": inside / max(total, 1e-9)}
+
+
+def draw_overlap(record: dict, path: str | None = None):
+    """One panel per traced mode, two lanes per rank (its step's phases; its all-reduces).
+    `record` is what lesson7_overlap.py --trace writes to overlap_spans.json."""
+    import matplotlib
+
+    if path:
+        matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ranks = record["ranks"]
+    modes = [m for m in ranks[0]]
+    fig, axes = plt.subplots(len(modes), 1, figsize=(10, 1.2 + 1.3 * len(modes) * len(ranks)),
+                             squeeze=False)
+    for ax, mode in zip(axes[:, 0], modes, strict=True):
+        t0 = min(s[1] for r in ranks for s in r[mode]["compute"])
+        labels = []
+        for r, spans in enumerate(ranks):
+            y = (len(ranks) - 1 - r) * 2.6
+            for name, start, end in spans[mode]["compute"]:
+                ax.barh(y + 1, end - start, left=start - t0, height=0.8,
+                        color=MARKER_COLOURS[name], edgecolor="white", lw=0.5)
+            # gloo runs collectives on more than one thread: overlapping ones get sub-rows
+            rows: list[float] = []
+            placed = []
+            for _, start, end in spans[mode]["comm"]:
+                row = next((i for i, free in enumerate(rows) if free <= start), len(rows))
+                rows[row:row + 1] = [end]
+                placed.append((row, start, end))
+            height = 0.8 / max(1, len(rows))
+            for row, start, end in placed:
+                ax.barh(y - 0.4 + height * (row + 0.5), end - start, left=start - t0,
+                        height=height * 0.9, color=COMM_COLOUR, alpha=0.7, lw=0)
+            seen = overlap_of(spans[mode])
+            labels += [(y + 1, f"rank {r}: its step"),
+                       (y, f"rank {r}: all-reduces\n{seen['early']} of {seen['count']} "
+                           "began in backward")]
+        ax.set_yticks([y for y, _ in labels], [t for _, t in labels], fontsize=8)
+        ax.set_title(mode, fontsize=10, loc="left")
+        ax.grid(axis="x", alpha=0.3)
+        ax.set_xlim(left=0)
+    axes[-1, 0].set_xlabel("milliseconds since the step started")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in MARKER_COLOURS.values()]
+    handles.append(plt.Rectangle((0, 0), 1, 1, color=COMM_COLOUR, alpha=0.7))
+    fig.suptitle(f"One training step of {record['model']} on {len(ranks)} ranks "
+                 f"({record['device']}): where the all-reduces run", fontsize=11)
+    fig.legend(handles, [*MARKER_COLOURS, "all-reduce"], loc="lower center", ncol=5,
+               fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.04, 1, 1))
+    return _saved(fig, path)
+
+
+# --- data loading --------------------------------------------------------------------------
+
+def draw_loader(record: dict, path: str | None = None):
+    """Samples/s against num_workers, one line per setting; the machine's cores marked.
+    `record` is what lesson7_dataloader.py --json writes."""
+    import matplotlib
+
+    if path:
+        matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.2))
+    rows = record["scaling"]
+    settings = sorted({r["setting"] for r in rows}, key=[r["setting"] for r in rows].index)
+    for n, setting in enumerate(settings):
+        mine = [r for r in rows if r["setting"] == setting]
+        ax.plot([r["num_workers"] for r in mine], [r["samples_per_s"] for r in mine], "o-",
+                color=PALETTE[n % len(PALETTE)], label=setting)
+    cores = record["cores"]
+    ax.axvline(cores, color="#555555", ls="--", lw=1)
+    ax.text(cores, ax.get_ylim()[1] * 0.97, f" {cores} cores", va="top", fontsize=9)
+    ax.set_xlabel("num_workers")
+    ax.set_ylabel("samples/s (decode + augment + collate)")
+    ax.set_title(f"DataLoader throughput on this machine ({cores} cores, "
+                 f"{record['device']})", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return _saved(fig, path)
+
+
+# --- shared memory -------------------------------------------------------------------------
+
+def draw_memory(record: dict, path: str | None = None):
+    """The memory each process added by loading and reading the dataset, unique (USS) and
+    shared with other processes, for each way of loading it. `record` is what
+    lesson7_shared_dataset.py --json writes (one run per mode)."""
+    import matplotlib
+
+    if path:
+        matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = record["runs"]
+    fig, axes = plt.subplots(1, len(runs), figsize=(4.4 * len(runs), 4.0), sharey=True,
+                             squeeze=False)
+    for ax, run in zip(axes[0], runs, strict=True):
+        ranks = [p["rank"] for p in run["processes"]]
+        unique = [max(0.0, p["uss_growth_mb"]) for p in run["processes"]]
+        shared = [max(0.0, p["shared_growth_mb"]) for p in run["processes"]]
+        ax.bar(ranks, unique, color=PALETTE[5], label="unique to the process (USS)")
+        ax.bar(ranks, shared, bottom=unique, color=PALETTE[1], label="shared with the others")
+        ax.axhline(run["dataset_mb"], color="#333333", ls=":", lw=1)
+        ax.text(ranks[0] - 0.4, run["dataset_mb"], " dataset size", va="bottom", fontsize=8)
+        ax.set_xticks(ranks, [f"rank {r}" for r in ranks])
+        ax.set_title(f"{run['mode']}: {sum(unique):.0f} MB unique in all", fontsize=10)
+        ax.grid(axis="y", alpha=0.3)
+    axes[0, 0].set_ylabel("MB added by loading and reading the dataset")
+    handles, labels = axes[0, 0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=2, fontsize=8, frameon=False)
+    fig.suptitle(f"A {runs[0]['dataset_mb']:.0f} MB in-memory dataset on "
+                 f"{len(runs[0]['processes'])} processes: one copy each, or one for all",
+                 fontsize=11)
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
+    return _saved(fig, path)
+
+
+def _saved(fig, path):
+    if path:
+        import matplotlib.pyplot as plt
+
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        return path
+    return fig
+
+
+def recorded(name: str) -> dict:
+    with open(RECORDED / name) as f:
+        return json.load(f)
+
+
+def lesson_figures() -> dict:
+    """Lesson 7's figures, from the runs recorded beside them."""
+    return {"overlap_timeline.png": draw_overlap(recorded("overlap_spans.json")),
+            "loader_scaling.png": draw_loader(recorded("loader.json")),
+            "shared_memory.png": draw_memory(recorded("shared_memory.json"))}
