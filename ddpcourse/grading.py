@@ -69,6 +69,17 @@ def load_exercises(lesson: int):
     return module
 
 
+def exercises_for_a_script(lesson: int, impl: str = "auto"):
+    """(module, impl): the exercises a lesson script runs. impl "auto" takes the reference
+    solutions where this copy of the course has them, else your own
+    lessons/lessonN/exercises.py (a student copy has no solutions/)."""
+    if impl == "auto":
+        has_solutions = (ROOT / "solutions" / f"lesson{lesson}" / "exercises.py").exists()
+        impl = "solutions" if has_solutions else "student"
+    os.environ["COURSE_IMPL"] = impl
+    return load_exercises(lesson), impl
+
+
 # --- the score keeper (a pytest plugin, registered by tests/grading/conftest.py) ----------
 
 def exercise_of(item) -> str:

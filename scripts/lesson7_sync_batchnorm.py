@@ -18,7 +18,6 @@ import os
 import sys
 import time
 from datetime import timedelta
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -33,7 +32,6 @@ from ddpcourse.models import create_model
 from ddpcourse.report import format_table, summary_line
 from ddpcourse.runtime import fail, pick_device, world_of_one_unless_launched
 
-ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_BATCH = 48  # small: rank 0 trains the whole batches again, alone
 
 
@@ -102,12 +100,10 @@ def flat(model):
 
 def load_sync_batch_norm(impl, rank, device):
     """The exercise's sync_batch_norm, or None (with a note) while it is a stub."""
-    from ddpcourse.grading import load_exercises
+    from ddpcourse.grading import exercises_for_a_script
 
-    has_solutions = (ROOT / "solutions" / "lesson7" / "exercises.py").exists()
-    os.environ["COURSE_IMPL"] = impl if impl != "auto" else (
-        "solutions" if has_solutions else "student")
-    function = load_exercises(7).sync_batch_norm
+    exercises, impl = exercises_for_a_script(7, impl)
+    function = exercises.sync_batch_norm
     try:  # a one-process group is enough to tell a stub from code: every rank tries alike
         function(torch.ones(2, 1, device=device), None, None, torch.ones(1, device=device),
                  torch.zeros(1, device=device))
@@ -115,8 +111,8 @@ def load_sync_batch_norm(impl, rank, device):
         if rank == 0:
             print("note: sync_batch_norm is not written yet (exercise l7_sync_batchnorm in "
                   "lessons/lesson7/exercises.py); its rows are left out")
-        return None, os.environ["COURSE_IMPL"]
-    return function, os.environ["COURSE_IMPL"]
+        return None, impl
+    return function, impl
 
 
 def main():

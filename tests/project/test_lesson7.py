@@ -130,6 +130,8 @@ def test_the_lesson_figures_draw_from_the_recorded_runs():
 
 @pytest.fixture(scope="module")
 def overlap():
+    if not SOLUTIONS:  # the hand-built modes run the exercise, a stub in a student copy
+        pytest.skip("the hand-built modes need the reference of l7_bucketed_allreduce")
     return job("lesson7_overlap.py", OVERLAP, 2)
 
 
