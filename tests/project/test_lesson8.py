@@ -1,0 +1,330 @@
+"""Lesson 8 run for real: ZeRO-1 and FSDP2 train exactly as DDP does; every rank's measured
+bytes agree with ddpcourse.sharding's prediction at W = 1, 2 and 3; an FSDP checkpoint saved
+sharded at W = 2 loads at W = 3, and in one process, to the same weights; a pipeline over two
+processes matches the unsplit model, with a bubble near (S-1)/(M+S-1); DTensor's column and
+row splits equal the dense layers, with the collectives that join them.
+
+Each job is launched once (module-scoped fixtures) and checked many ways. The W = 2 memory,
+pipeline and tensor-parallel jobs are the notebook's too (the job cache runs each once).
+"""
+
+import math
+import re
+
+import pytest
+from util import PYTHON, ROOT, run
+
+from ddpcourse.launch import launch
+from ddpcourse.sharding import fingerprint, fsdp_rows, predict, transformer_shapes, zero_owners
+
+MARGIN = 0.001  # lesson8_memory.py's stated margin: 0.1 % of a rank's total
+MICRO, STAGES, WIDTH = 4, 2, 768  # the pipeline job's micro-batches, stages and block width
+
+
+def summary(stdout: str) -> dict[str, str]:
+    lines = [line for line in stdout.splitlines() if line.startswith("summary: ")]
+    assert len(lines) == 1, stdout  # rank 0 alone prints it
+    return dict(re.findall(r"(\w+)=(\S+)", lines[0]))
+
+
+def table(stdout: str) -> list[dict[str, str]]:
+    """The first table of the output (a header, a rule of dashes, rows) as dicts."""
+    lines = stdout.splitlines()
+    rule = next(i for i, line in enumerate(lines) if re.fullmatch(r"-+(  -+)*", line))
+    headers = re.split(r"\s{2,}", lines[rule - 1].strip())
+    rows = []
+    for line in lines[rule + 1:]:
+        cells = re.split(r"\s{2,}", line.strip())
+        if len(cells) != len(headers):
+            break
+        rows.append(dict(zip(headers, cells, strict=True)))
+    return rows
+
+
+# --- the calculator (no processes) ----------------------------------------------------------
+
+def test_zero_deals_whole_parameters_largest_first_to_the_emptiest_rank():
+    # 10 -> rank 0; 6 -> rank 1; 5 -> rank 1 (it holds 6, rank 0 holds 10); 1 -> rank 0
+    assert zero_owners([5, 10, 6, 1], 2) == [1, 0, 1, 0]
+    assert zero_owners([4, 4, 4, 4], 3) == [0, 1, 2, 0]  # ties: the lowest rank, in order
+    assert zero_owners([7], 4) == [0]
+
+
+def test_fsdp_pieces_are_torch_chunks_padded_to_equal_size():
+    assert [fsdp_rows(10, 4, r) for r in range(4)] == [(3, 3), (3, 3), (3, 3), (1, 3)]
+    assert [fsdp_rows(2, 4, r) for r in range(4)] == [(1, 1), (1, 1), (0, 1), (0, 1)]
+    pieces = predict([(10, 96), (10,)], 4, "fsdp", "adam")
+    assert [p["params"] for p in pieces] == [4 * (3 * 96 + 3)] * 4  # padded
+    assert sum(p["optimizer"] for p in pieces) == 2 * 4 * (10 * 96 + 10)  # unpadded state
+
+
+def test_a_7b_model_on_8_ranks():
+    shapes = transformer_shapes()
+    n = sum(math.prod(s) for s in shapes)
+    assert 6.7e9 < n < 6.8e9
+    ddp, zero, fsdp = (max(r["total"] for r in predict(shapes, 8, s, "adam"))
+                       for s in ("ddp", "zero", "fsdp"))
+    assert ddp == 16 * n                              # 4 + 4 + 8 bytes, all on every rank
+    assert 8 * n + n < zero < 8 * n + 1.02 * n        # optimizer state over 8, nearly even
+    assert 2 * n <= fsdp < 2 * n * 1.001              # everything over 8, a little padding
+
+
+@pytest.mark.slow
+def test_the_calculator_prints_the_table_and_refuses_a_bad_world_size():
+    result = run([PYTHON, "-m", "ddpcourse.sharding", "--model", "7b", "--world-size", "8"],
+                 timeout=60)
+    assert result.returncode == 0, result.stderr
+    rows = {row["strategy"]: row for row in table(result.stdout)}
+    assert rows["ddp"]["total GB"] == "107.81" and rows["fsdp"]["total GB"] == "13.48"
+    bad = run([PYTHON, "-m", "ddpcourse.sharding", "--world-size", "0"], timeout=60)
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+
+
+# --- memory and equivalence: DDP, ZeRO-1, FSDP2 ----------------------------------------------
+
+@pytest.fixture(scope="module")
+def memory_job():
+    """lesson8_memory.py's output at a world size, each run once; W = 2 is the notebook's job
+    (3 steps), the others take 1 step."""
+    jobs = {}
+
+    def output(world: int) -> str:
+        if world not in jobs:
+            args = [] if world == 2 else ["--steps", "1"]
+            jobs[world] = launch("scripts/lesson8_memory.py", args, nproc=world, timeout=240,
+                                 capture=True, backend="gloo")
+        result = jobs[world]
+        assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+        return result.stdout
+    return output
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_zero_and_fsdp_train_exactly_as_ddp(memory_job):
+    out = memory_job(2)
+    losses = re.findall(r"^step \d+/3  loss  ddp (\S+)  zero (\S+)  fsdp (\S+)$", out, re.M)
+    assert len(losses) == 3, out
+    for ddp, zero, fsdp in losses:
+        assert abs(float(zero) - float(ddp)) <= 1e-5 * float(ddp)
+        assert abs(float(fsdp) - float(ddp)) <= 1e-5 * float(ddp)
+    assert float(losses[-1][0]) < float(losses[0][0])  # and they learn
+    for strategy in ("zero", "fsdp"):
+        weight = re.search(rf"^check: {strategy} matches ddp over 3 steps .*largest weight "
+                           r"difference (\S+),", out, re.M)
+        assert weight and float(weight.group(1)) <= 1e-6, out
+    assert summary(out)["same_training"] == "True"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_every_ranks_measured_bytes_agree_with_the_prediction(world, memory_job):
+    out = memory_job(world)
+    numel = int(re.search(r"^test_resnet: ([\d,]+) parameters", out, re.M).group(1)
+                .replace(",", ""))
+    rows = table(out)
+    assert len(rows) == 3 * world, out
+    held = {}
+    for row in rows:
+        measured = {k: float(row[f"{k} MB"]) * 1e6 for k in ("params", "grads", "optimizer")}
+        total, predicted = float(row["total MB"]) * 1e6, float(row["predicted MB"]) * 1e6
+        assert abs(total - sum(measured.values())) < 2e3  # the table adds up (rounding)
+        assert abs(total - predicted) <= MARGIN * predicted + 1e3, row  # the stated margin
+        held.setdefault(row["strategy"], []).append(measured)
+    whole, adam = 4 * numel, 8 * numel  # fp32 weights; Adam's two moments
+    for rank in held["ddp"]:  # DDP: everything, on every rank
+        assert rank["params"] == pytest.approx(whole, abs=1e3)
+        assert rank["grads"] == pytest.approx(whole, abs=1e3)
+        assert rank["optimizer"] == pytest.approx(adam, abs=2e3)  # + Adam's step counters
+    # ZeRO-1: whole weights and gradients; the optimizer state split, summed it is DDP's.
+    assert all(r["params"] == pytest.approx(whole, abs=1e3) for r in held["zero"])
+    assert sum(r["optimizer"] for r in held["zero"]) == pytest.approx(adam, abs=2e3 * world)
+    # FSDP2: every part split; padding makes the weights' pieces a little more than 1/W.
+    pieces = sum(r["params"] for r in held["fsdp"])
+    assert whole - 1e3 <= pieces <= whole * 1.01
+    assert sum(r["optimizer"] for r in held["fsdp"]) == pytest.approx(adam, abs=2e3 * world)
+    if world == 3:  # whole parameters do not split evenly: test_resnet's largest is 44 %
+        zero_state = [r["optimizer"] for r in held["zero"]]
+        assert max(zero_state) > 1.25 * adam / 3 and zero_state[0] == max(zero_state)
+        assert max(r["optimizer"] for r in held["fsdp"]) < 1.01 * adam / 3
+    assert summary(out)["memory_agrees"] == "True"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_collectives_of_a_step_are_those_of_each_strategy(memory_job):
+    out = memory_job(2)
+    numel = int(re.search(r"^test_resnet: ([\d,]+) parameters", out, re.M).group(1)
+                .replace(",", ""))
+
+    def step(strategy):
+        line = re.search(rf"^collectives of one step, {strategy}: (.+)$", out, re.M).group(1)
+        return {op: (int(n), int(v.replace(",", ""))) for op, n, v in
+                re.findall(r"(\w+) x(\d+) \(([\d,]+) values\)", line)}
+
+    ddp, zero, fsdp = step("ddp"), step("zero"), step("fsdp")
+    assert ddp["all_reduce"][1] == numel  # every gradient, once (in buckets)
+    assert zero["all_reduce"][1] == numel  # the same, then every parameter from its owner:
+    assert zero["broadcast"][1] - numel == ddp["broadcast"][1]  # beside DDP's buffer broadcast
+    assert zero["broadcast"][0] > 40  # one broadcast per parameter tensor (47)
+    # FSDP2: all-gathers (5 units forward, 4 again in backward: the root stays gathered), each
+    # rank giving its half; the reduce-scatter of every gradient, which gloo runs as all_reduce.
+    assert fsdp["all_gather"][0] == 9 and numel / 2 < fsdp["all_gather"][1] < numel
+    assert fsdp["all_reduce"] == (5, numel)
+    assert "broadcast" not in fsdp
+
+
+# --- a sharded checkpoint, saved at W = 2, loaded at W = 3 and in one process -----------------
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("lesson8_fsdp")
+    saved = launch("scripts/lesson8_fsdp.py", ["--epochs", "1", "--checkpoint",
+                                               str(folder / "w2")],
+                   nproc=2, timeout=240, capture=True, backend="gloo")
+    assert saved.returncode == 0, (saved.stdout + saved.stderr)[-3000:]
+    loaded = launch("scripts/lesson8_fsdp.py", ["--epochs", "0", "--resume", str(folder / "w2"),
+                                                "--checkpoint", str(folder / "w3")],
+                    nproc=3, timeout=240, capture=True, backend="gloo")
+    assert loaded.returncode == 0, (loaded.stdout + loaded.stderr)[-3000:]
+    return folder, saved.stdout, loaded.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_checkpoint_saved_sharded_at_w2_loads_at_w3_to_the_same_weights(checkpoints):
+    folder, saved, loaded = checkpoints
+    written = re.search(r"^checkpoint: \S+ \(sharded, 2 writer\(s\)\): weights fingerprint "
+                        r"([0-9a-f]{16}) \(92 tensors\)$", saved, re.M)
+    read = re.search(r"^resumed from \S+: weights fingerprint ([0-9a-f]{16}) \(92 tensors\), "
+                     r"now sharded over 3 process\(es\)$", loaded, re.M)
+    assert written and read, saved + loaded
+    assert written.group(1) == read.group(1)
+    assert sorted(p.name for p in (folder / "w2").iterdir()) == [
+        ".metadata", "__0_0.distcp", "__1_0.distcp"]  # a file per rank, and the index
+    assert sorted(p.name for p in (folder / "w3").iterdir())[1:] == [
+        "__0_0.distcp", "__1_0.distcp", "__2_0.distcp"]
+    # Each rank holds its third: every rank's momentum (loaded too) is about a third of DDP's.
+    momentum = [float(m) for m in re.findall(r"^rank \d: weights \S+ MB, gradients \S+ MB, "
+                                             r"momentum (\S+) MB$", loaded, re.M)]
+    assert len(momentum) == 3 and all(abs(m - 1.4946 / 3) < 0.01 for m in momentum), loaded
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_sharded_checkpoint_loads_in_one_process_without_a_group(checkpoints):
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    folder, saved, _ = checkpoints
+    meta = dcp.FileSystemReader(str(folder / "w2")).read_metadata().state_dict_metadata
+    template = {key.removeprefix("model."): torch.empty(m.size, dtype=m.properties.dtype)
+                for key, m in meta.items() if key.startswith("model.")}
+    state = {"model": template}
+    with pytest.warns(UserWarning, match="load in a single process"):
+        dcp.load(state, checkpoint_id=str(folder / "w2"))
+    assert f"weights fingerprint {fingerprint(state['model'])} " in saved
+    # Training learned: the weights moved away from where the same seed starts them.
+    assert float(summary(saved)["train_loss"]) < 2.2
+
+
+# --- a pipeline over two processes ----------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def pipeline():
+    # The notebook's job: the same arguments, so the job cache runs it once.
+    result = launch("scripts/lesson8_pipeline.py", ["--micro-batches", str(MICRO)],
+                    nproc=STAGES, timeout=240, capture=True, backend="gloo")
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    return result.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_pipeline_trains_as_the_unsplit_model(pipeline):
+    steps = re.findall(r"^step \d/4  loss unsplit (\S+)  gpipe M=4 (\S+)  1f1b M=4 (\S+)$",
+                       pipeline, re.M)
+    assert len(steps) == 4, pipeline
+    for unsplit, gpipe, one_f_one_b in steps:
+        assert abs(float(gpipe) - float(unsplit)) <= 1e-5 * float(unsplit)
+        assert abs(float(one_f_one_b) - float(unsplit)) <= 1e-5 * float(unsplit)
+    for row in table(pipeline):
+        assert float(row["weight diff"]) <= 1e-6, row
+    assert summary(pipeline)["same_as_unsplit"] == "True"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_bubble_is_near_its_formula_and_the_schedules_differ_in_memory(pipeline):
+    rows = {row["schedule"]: row for row in table(pipeline)}
+    expected = (STAGES - 1) / (MICRO + STAGES - 1)
+    for name, row in rows.items():
+        assert float(row["(S-1)/(M+S-1)"]) == pytest.approx(expected, abs=1e-3)
+        # Measured on a busy machine: waiting for messages and for the CPU adds to it.
+        assert expected - 0.08 <= float(row["bubble"]) <= expected + 0.2, (name, row)
+        # One message per micro-batch each way between the two stages: activations forward,
+        # their gradients back; each one micro-batch of activations (256 / M samples).
+        assert int(row["messages"]) == 2 * (STAGES - 1) * MICRO
+        assert row["values each"] == str(256 // MICRO * WIDTH)
+    # GPipe keeps every micro-batch's activations until the backwards start; 1F1B at most S.
+    assert int(rows["gpipe"]["held (stage 0)"]) == MICRO
+    assert int(rows["1f1b"]["held (stage 0)"]) == STAGES
+    assert (ROOT / "runs" / "lesson8_pipeline_timeline.png").exists()
+
+
+# --- tensor parallelism with DTensor ----------------------------------------------------------
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_column_and_row_splits_equal_the_dense_layers():
+    result = launch("scripts/lesson8_tensor_parallel.py", [], nproc=2, timeout=240,
+                    capture=True, backend="gloo")
+    out = result.stdout
+    assert result.returncode == 0, (out + result.stderr)[-3000:]
+    assert re.search(r"^A\. column split, Linear\(768, 480\): weight piece \[240, 768\] per rank, "
+                     r"output \(Shard\(dim=1\),\); forward: none; joining the slices: "
+                     r"all_gather x1; largest difference from the dense layer (\S+)$", out, re.M)
+    assert re.search(r"^B\. row split, Linear\(480, 10\): weight piece \[10, 240\] per rank, "
+                     r".*forward: all_reduce x1;", out, re.M)
+    assert re.search(r"^C\. .*forward: all_reduce x1; backward: none; .*with an input that "
+                     r"needs its gradient, backward: all_reduce x1$", out, re.M)
+    for split, dense in re.findall(r"^step \d/5  loss split (\S+)  dense (\S+)$", out, re.M):
+        assert abs(float(split) - float(dense)) <= 1e-5
+    assert summary(out)["same_as_dense"] == "True" and float(summary(out)["max_diff"]) < 1e-5
+
+
+# --- the scripts' diffs, and bad input ------------------------------------------------------
+
+@pytest.mark.parametrize("script, share", [("lesson8_zero", 0.9), ("lesson8_fsdp", 0.8)])
+def test_zero_and_fsdp_scripts_are_lesson_3_plus_their_change(script, share):
+    lesson3 = [line for line in (ROOT / "scripts" / "lesson3_ddp.py").read_text().splitlines()
+               if line.strip()]
+    new = (ROOT / "scripts" / f"{script}.py").read_text()
+    kept = [line for line in lesson3 if line.strip() in new]
+    assert len(kept) / len(lesson3) > share
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("args, message", [
+    (["scripts/lesson8_pipeline.py", "--micro-batches", "3"],
+     "--batch-size 256 must split into equal micro-batches"),
+    (["scripts/lesson8_pipeline.py", "--schedules", "zigzag"], "--schedules: choose from"),
+    (["scripts/lesson8_memory.py", "--steps", "0"], "--steps and --batch-size must be at least"),
+    (["scripts/lesson8_tensor_parallel.py", "--hidden", "0"], "must be at least 1"),
+])
+def test_bad_arguments_are_one_line(args, message):
+    result = run([PYTHON, *args], timeout=60)
+    assert result.returncode == 2, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and message in result.stderr
+
+
+@pytest.mark.slow
+def test_a_missing_checkpoint_is_one_line(tmp_path):
+    result = run([PYTHON, "scripts/lesson8_fsdp.py", "--epochs", "0", "--resume",
+                  str(tmp_path / "nothing"), "--checkpoint", str(tmp_path / "out")], timeout=120)
+    errors = [line for line in result.stderr.splitlines()
+              if not line.startswith("note: not started by torchrun")]
+    assert result.returncode == 1 and len(errors) == 1, result.stderr[-2000:]
+    assert errors[0] == (f"error: {tmp_path / 'nothing'} is not a checkpoint folder: it has no "
+                         ".metadata, the index that dcp.save writes last")
