@@ -14,8 +14,12 @@ import json
 import os
 import signal
 import subprocess
+from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
+
+import torch.distributed as dist
 
 from ddpcourse.launch import launch
 
@@ -72,3 +76,29 @@ def allow_the_launch(seconds: float) -> None:
     """
     if signal.getitimer(signal.ITIMER_REAL)[0] > 0:
         signal.setitimer(signal.ITIMER_REAL, seconds)
+
+
+def report_of(job: Job) -> str:
+    """What a grading job printed (one line per check), launched once per test session."""
+    result = run_job(job)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    return result.stdout
+
+
+def verdict(stdout: str, name: str) -> str:
+    """The one line of a job's report about check `name`."""
+    lines = [line for line in stdout.splitlines() if line.startswith(f"{name}: ")]
+    assert len(lines) == 1, stdout[-3000:]
+    return lines[0]
+
+
+@contextmanager
+def world_of_one():
+    """A one-process gloo group inside the test process: enough to call the code once, and
+    fail at once if it is a stub, before a job is launched."""
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1,
+                            timeout=timedelta(seconds=10))
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()

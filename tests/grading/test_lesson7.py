@@ -9,14 +9,12 @@ need several ranks run in one torchrun job per world size (workers/lesson7_check
 
 import copy
 from contextlib import contextmanager
-from datetime import timedelta
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
-from jobs import Job, run_job
+from jobs import Job, report_of, verdict, world_of_one
 
 from ddpcourse.grading import load_exercises
 
@@ -27,17 +25,6 @@ JOBS = {w: Job(f"lesson7_W{w}", "lesson7_checks.py", nproc=w) for w in (2, 3)}
 @pytest.fixture(scope="module")
 def ex():
     return load_exercises(7)
-
-
-@contextmanager
-def world_of_one():
-    """A one-process gloo group inside this test process: enough to call the code once."""
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1,
-                            timeout=timedelta(seconds=10))
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 def once(check):
@@ -57,17 +44,12 @@ def once(check):
 
 
 def job(world_size):
-    """One torchrun launch per world size, shared by the tests that read its verdicts."""
-    result = run_job(JOBS[world_size])
-    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
-    return result.stdout
+    return report_of(JOBS[world_size])
 
 
-def verdict(world_size, name):
-    stdout = job(world_size)
-    lines = [line for line in stdout.splitlines() if line.startswith(f"{name}: ")]
-    assert len(lines) == 1, stdout[-3000:]
-    assert lines[0].startswith(f"{name}: ok on {world_size} ranks"), lines[0]
+def assert_ok(world_size, name):
+    line = verdict(job(world_size), name)
+    assert line.startswith(f"{name}: ok on {world_size} ranks"), line
 
 
 # --- l7_bucketed_allreduce ----------------------------------------------------------------
@@ -133,7 +115,7 @@ def test_bucketed_gradients_equal_ddps(ex, world_size):
     """Two SGD steps at two bucket caps, one with a frozen parameter (and on 3 ranks in a
     group of ranks 0 and 1): after finish() the gradients are DDP's."""
     bucketed_in_one_process(ex)
-    verdict(world_size, "bucketed_result")
+    assert_ok(world_size, "bucketed_result")
 
 
 @pytest.mark.l7_bucketed_allreduce
@@ -143,7 +125,7 @@ def test_one_all_reduce_per_bucket_each_within_the_cap(ex, world_size):
     """Every step: as many all-reduces as buckets, of exactly the buckets' sizes. One per
     parameter, or buckets filled from the first parameter, fail here."""
     bucketed_in_one_process(ex)
-    verdict(world_size, "bucketed_buckets")
+    assert_ok(world_size, "bucketed_buckets")
 
 
 @pytest.mark.l7_bucketed_allreduce
@@ -154,7 +136,7 @@ def test_buckets_start_during_backward_and_are_waited_for_in_finish(ex, world_si
     while gradients are still to come, and nothing waits for one until finish(). All
     started after backward, or waited for in the hook, fail here."""
     bucketed_in_one_process(ex)
-    verdict(world_size, "bucketed_overlap")
+    assert_ok(world_size, "bucketed_overlap")
 
 
 # --- l7_sync_batchnorm --------------------------------------------------------------------
@@ -178,7 +160,7 @@ def test_sync_batch_norm_output_is_batchnorm_on_all_ranks_batches(ex, world_size
     """Batches of different sizes per rank, (N, C, H, W) and (N, C): each rank's rows of
     BatchNorm's output on every rank's batch together."""
     sync_bn_in_one_process(ex)
-    verdict(world_size, "sync_bn_forward")
+    assert_ok(world_size, "sync_bn_forward")
 
 
 @pytest.mark.l7_sync_batchnorm
@@ -188,7 +170,7 @@ def test_sync_batch_norm_gradients(ex, world_size):
     """The input's gradient (each rank's rows of BatchNorm's), and each rank's own share of
     the weight's and bias's gradients."""
     sync_bn_in_one_process(ex)
-    verdict(world_size, "sync_bn_backward")
+    assert_ok(world_size, "sync_bn_backward")
 
 
 @pytest.mark.l7_sync_batchnorm
@@ -197,7 +179,7 @@ def test_sync_batch_norm_gradients(ex, world_size):
 def test_sync_batch_norm_running_statistics(ex, world_size):
     """running_mean and running_var (the unbiased variance) as BatchNorm's after two calls."""
     sync_bn_in_one_process(ex)
-    verdict(world_size, "sync_bn_running")
+    assert_ok(world_size, "sync_bn_running")
 
 
 @pytest.mark.l7_sync_batchnorm
@@ -207,7 +189,7 @@ def test_sync_batch_norm_communicates_statistics_not_the_batch(ex, world_size):
     """Forward and backward each send O(channels) values, whatever the batch size: an
     all_gather of the input gives the right numbers and fails here."""
     sync_bn_in_one_process(ex)
-    verdict(world_size, "sync_bn_traffic")
+    assert_ok(world_size, "sync_bn_traffic")
 
 
 # --- l7_accumulate_no_sync ----------------------------------------------------------------
@@ -309,7 +291,7 @@ def test_accumulation_equals_one_big_batch_on_every_rank(ex, world_size):
     """Two steps of K=3 micro-batches per rank: the parameters of one process on every
     rank's micro-batches together, the same on every rank."""
     accumulate_fails_fast(ex)
-    verdict(world_size, "accumulate_result")
+    assert_ok(world_size, "accumulate_result")
 
 
 @pytest.mark.l7_accumulate_no_sync
@@ -319,4 +301,4 @@ def test_accumulation_all_reduces_once_per_optimizer_step(ex, world_size):
     """With the real DDP, the gradient values all-reduced per optimizer step: the
     parameters' worth once, not K times, not never."""
     accumulate_fails_fast(ex)
-    verdict(world_size, "accumulate_allreduce")
+    assert_ok(world_size, "accumulate_allreduce")

@@ -5,14 +5,11 @@ process and, for most of their points, watch their mechanism: the optimizer stat
 keeps and what step() communicates; the messages between the pipeline's stages."""
 
 import importlib
-from contextlib import contextmanager
-from datetime import timedelta
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.nn as nn
-from jobs import Job, run_job
+from jobs import Job, report_of, verdict, world_of_one
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from ddpcourse.grading import load_exercises
@@ -162,28 +159,8 @@ def test_bad_input_is_refused(ex):
 
 # --- the two exercises that run in a real job --------------------------------------------
 
-@contextmanager
-def world_of_one():
-    """A one-process gloo group inside this test process: enough to call the code once."""
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1,
-                            timeout=timedelta(seconds=10))
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
-
-
 def job(world_size):
-    """One torchrun launch per world size, shared by the tests that read its verdicts."""
-    result = run_job(JOBS[world_size])
-    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
-    return result.stdout
-
-
-def verdict(stdout, name):
-    lines = [line for line in stdout.splitlines() if line.startswith(f"{name}: ")]
-    assert len(lines) == 1, stdout[-3000:]
-    return lines[0]
+    return report_of(JOBS[world_size])
 
 
 def assert_ok(world_size, name):
