@@ -63,8 +63,8 @@ bench: $(BENCH_TARGETS) ## every lesson's benchmark
 
 # Three tests at a time (pytest-xdist) on 2 cores: many tests spend part of their time waiting
 # (a timeout, a rendezvous, SLURM's daemons), and a third keeps the cores busy meanwhile.
-# Measured from a fresh clone with the fork server: 4m41s with 3, 4m39s-5m19s with 2, 4m52s
-# with 4 (more CPU, for the contention). --dist loadgroup: the tests that share a module's job
+# Measured with all eight lessons (270 tests): 4m05s and, from a fresh clone, 4m42s with 3;
+# 4m31s with 4 (more contention). --dist loadgroup: the tests that share a module's job
 # run on one worker, so the job runs once (tests/project/conftest.py groups them).
 TEST_WORKERS ?= 3
 test: setup ## lint, then the whole test suite (solutions full marks, stubs zero, notebooks run)

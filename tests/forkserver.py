@@ -197,11 +197,15 @@ def manage(conn: socket.socket):
     registry = os.path.join(os.path.dirname(request["stand_in"]), "pids", str(worker))
     with open(registry, "w") as f:  # for the worker's own children: see _pretend_to_be
         f.write(str(request["pid"]))
-    conn.sendall(struct.pack("!q", worker))
+    try:
+        conn.sendall(struct.pack("!q", worker))
+        stand_in_alive = True
+    except OSError:  # the stand-in was killed before it heard the worker's pid
+        stand_in_alive = False
     pidfd = os.pidfd_open(worker)
     import select
 
-    ready, _, _ = select.select([conn, pidfd], [], [])
+    ready = select.select([conn, pidfd], [], [])[0] if stand_in_alive else []
     if pidfd not in ready:  # the stand-in is gone (killed): so is its worker
         os.kill(worker, signal.SIGKILL)
     _, status = os.waitpid(worker, 0)
