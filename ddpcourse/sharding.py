@@ -26,6 +26,7 @@ STRATEGIES = ("ddp", "zero", "fsdp")
 OPTIMIZER_BUFFERS = {"sgd": 0, "sgd_momentum": 1, "adam": 2}
 PARTS = ("params", "grads", "optimizer")
 GB = 1e9
+BYTES_PER_VALUE = 4  # fp32: the lesson's runs and tables
 
 
 def zero_owners(numels: list[int], world_size: int) -> list[int]:
@@ -49,7 +50,7 @@ def fsdp_rows(rows: int, world_size: int, rank: int) -> tuple[int, int]:
 
 
 def predict(shapes: list[tuple[int, ...]], world_size: int, strategy: str,
-            optimizer: str = "adam", bytes_per_value: int = 4) -> list[dict[str, int]]:
+            optimizer: str = "adam") -> list[dict[str, int]]:
     """Bytes of params, grads and optimizer state (and their total) on each rank, a list of
     `world_size` dicts, for a model whose parameters have these shapes, between two steps
     (activations and short-lived buffers, such as a gathered layer, are not counted)."""
@@ -78,8 +79,8 @@ def predict(shapes: list[tuple[int, ...]], world_size: int, strategy: str,
                 owned, padded = fsdp_rows(rows, world_size, rank)
                 weights += padded * (numel // max(rows, 1))
                 state += owned * (numel // max(rows, 1))
-        held = {"params": weights * bytes_per_value, "grads": weights * bytes_per_value,
-                "optimizer": buffers * state * bytes_per_value}
+        held = {"params": weights * BYTES_PER_VALUE, "grads": weights * BYTES_PER_VALUE,
+                "optimizer": buffers * state * BYTES_PER_VALUE}
         held["total"] = sum(held.values())
         ranks.append(held)
     return ranks
@@ -196,15 +197,13 @@ def mb(n: float) -> str:
     return f"{n / 1e6:.3f}"
 
 
-def plan_table(shapes, world_size: int, optimizer: str = "adam", bytes_per_value: int = 4,
-               unit: float = GB) -> list[dict]:
-    """One row per strategy: what its most loaded rank holds, in `unit` (GB by default)."""
+def plan_table(shapes, world_size: int, optimizer: str = "adam") -> list[dict]:
+    """One row per strategy: what its most loaded rank holds, in GB."""
     rows = []
-    name = "GB" if unit == GB else "MB" if unit == 1e6 else "bytes"
     for strategy in STRATEGIES:
-        worst = max(predict(shapes, world_size, strategy, optimizer, bytes_per_value),
+        worst = max(predict(shapes, world_size, strategy, optimizer),
                     key=lambda held: held["total"])
-        sizes = {f"{part} {name}": f"{worst[part] / unit:,.2f}" for part in (*PARTS, "total")}
+        sizes = {f"{part} GB": f"{worst[part] / GB:,.2f}" for part in (*PARTS, "total")}
         rows.append({"strategy": strategy, **sizes})
     return rows
 

@@ -100,8 +100,9 @@ def main():
     x = batches[0][0].flatten(1).to(device)
     torch.manual_seed(args.seed)  # the same weights on every rank, before any split
     dense = MLP(in_features, args.hidden, classes).to(device)
-    hidden = F.relu(dense.up(x)).detach()  # the dense layers' results, to compare with
-    expected_up, expected_down = dense.up(x).detach(), dense.down(hidden).detach()
+    expected_up = dense.up(x).detach()  # the dense layers' results, to compare with
+    hidden = F.relu(expected_up)
+    expected_down = dense.down(hidden).detach()
     share = args.hidden // world_size
     lines, worst = [], 0.0
 

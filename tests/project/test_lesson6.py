@@ -7,7 +7,7 @@ import re
 
 import pytest
 import torch
-from util import PYTHON, ROOT, run
+from util import PYTHON, run, share_of_lines_kept
 
 from ddpcourse.launch import launch
 
@@ -125,7 +125,4 @@ def test_damaged_and_foreign_snapshots_give_one_line_and_the_previous_one_is_use
 
 def test_the_resumable_script_is_lesson_3_plus_its_lesson():
     """`diff lesson3_ddp.py lesson6_resumable.py` teaches: lesson 3's lines are all there."""
-    lesson3 = (ROOT / "scripts" / "lesson3_ddp.py").read_text().splitlines()
-    lesson6 = (ROOT / "scripts" / "lesson6_resumable.py").read_text()
-    kept = [line for line in lesson3 if line.strip() and line.strip() in lesson6]
-    assert len(kept) / len([line for line in lesson3 if line.strip()]) > 0.8
+    assert share_of_lines_kept("lesson3_ddp.py", "lesson6_resumable.py") > 0.8

@@ -12,7 +12,7 @@ import math
 import re
 
 import pytest
-from util import PYTHON, ROOT, run
+from util import PYTHON, ROOT, run, share_of_lines_kept
 
 from ddpcourse.launch import launch
 from ddpcourse.sharding import fingerprint, fsdp_rows, predict, transformer_shapes, zero_owners
@@ -298,11 +298,7 @@ def test_column_and_row_splits_equal_the_dense_layers():
 
 @pytest.mark.parametrize("script, share", [("lesson8_zero", 0.9), ("lesson8_fsdp", 0.8)])
 def test_zero_and_fsdp_scripts_are_lesson_3_plus_their_change(script, share):
-    lesson3 = [line for line in (ROOT / "scripts" / "lesson3_ddp.py").read_text().splitlines()
-               if line.strip()]
-    new = (ROOT / "scripts" / f"{script}.py").read_text()
-    kept = [line for line in lesson3 if line.strip() in new]
-    assert len(kept) / len(lesson3) > share
+    assert share_of_lines_kept("lesson3_ddp.py", f"{script}.py") > share
 
 
 @pytest.mark.slow

@@ -15,3 +15,12 @@ def run(cmd, timeout=120, env=None, cwd=ROOT, **kwargs):
     full_env = dict(os.environ, **(env or {}))
     return subprocess.run(cmd, cwd=cwd, env=full_env, capture_output=True, text=True,
                           timeout=timeout, **kwargs)
+
+
+def share_of_lines_kept(old_script: str, new_script: str) -> float:
+    """How much of a script a later one keeps (its non-blank lines found whole, indentation
+    aside): near 1 when `diff old new` shows only the later lesson's change."""
+    old = [line.strip() for line in (ROOT / "scripts" / old_script).read_text().splitlines()
+           if line.strip()]
+    new = {line.strip() for line in (ROOT / "scripts" / new_script).read_text().splitlines()}
+    return sum(line in new for line in old) / len(old)

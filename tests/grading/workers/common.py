@@ -6,6 +6,7 @@ not through a process group (which the code under test may have broken).
 """
 
 import argparse
+import json
 import os
 from contextlib import contextmanager
 from datetime import timedelta
@@ -90,3 +91,32 @@ def exercises_or_error(lesson: int):
         return load_exercises(lesson), None
     except BaseException as error:  # the submission's own code ran: anything may come out
         return None, f"could not import the exercises: {one_line(error)}"
+
+
+def run_checks(store, tag: str, lesson: int, checks: dict, verdicts: dict, timeout: timedelta,
+               summarise=lambda problems: "; ".join(problems[:4])) -> list[str]:
+    """Every check of a lesson's worker, each in a process group of its own: checks[name](ex)
+    returns {verdict: (problems on this rank, note)} for the names in verdicts[name]. Every
+    rank's verdicts are gathered through the store; one report line per verdict."""
+    ex, import_error = exercises_or_error(lesson)
+    lines = []
+    for check, fn in checks.items():
+        with group_of_its_own(store, f"lesson{lesson}/{tag}/{check}", timeout):
+            try:
+                if import_error:
+                    raise RuntimeError(import_error)
+                outcome = fn(ex)
+            except BaseException as error:  # the graded code raised: the next check runs
+                outcome = {name: ([f"rank {RANK}: {one_line(error)}"], "")
+                           for name in verdicts[check]}
+            for name in verdicts[check]:
+                gathered = [json.loads(v) if v.startswith("[") else ([v], "") for v in
+                            everyones_verdict(store, f"lesson{lesson}/{tag}/{name}",
+                                              json.dumps(outcome[name]))]
+                problems = [p for per_rank, _ in gathered for p in per_rank]
+                if problems:
+                    lines.append(f"{name}: FAILED: " + summarise(problems))
+                else:
+                    note = gathered[0][1]
+                    lines.append(f"{name}: ok on {WORLD} ranks" + (f", {note}" if note else ""))
+    return lines

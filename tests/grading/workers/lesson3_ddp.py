@@ -19,7 +19,6 @@ grades several submission folders, one block after `### submission A` each.
 """
 
 import copy
-import json
 from datetime import timedelta
 
 import torch
@@ -29,11 +28,8 @@ import torch.nn.functional as F
 from common import (
     RANK,
     WORLD,
-    everyones_verdict,
-    exercises_or_error,
     grade_each_submission,
-    group_of_its_own,
-    one_line,
+    run_checks,
 )
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import Dataset, DistributedSampler
@@ -230,30 +226,7 @@ VERDICTS = {"average_gradients": ["average_gradients"],
             "train_ddp": ["train_ddp", "train_ddp_data", "train_ddp_allreduce"]}
 
 
-def run_checks(store, tag) -> list[str]:
-    ex, import_error = exercises_or_error(3)
-    lines = []
-    for check, fn in CHECKS.items():
-        with group_of_its_own(store, f"lesson3/{tag}/{check}", GROUP_TIMEOUT):
-            try:
-                if import_error:
-                    raise RuntimeError(import_error)
-                outcome = fn(ex)
-            except BaseException as error:  # the graded code raised: the next check runs
-                outcome = {name: ([f"rank {RANK}: {one_line(error)}"], "")
-                           for name in VERDICTS[check]}
-            for name in VERDICTS[check]:
-                gathered = [json.loads(v) if v.startswith("[") else ([v], "") for v in
-                            everyones_verdict(store, f"lesson3/{tag}/{name}",
-                                              json.dumps(outcome[name]))]
-                problems = [p for per_rank, _ in gathered for p in per_rank]
-                if problems:
-                    lines.append(f"{name}: FAILED: " + "; ".join(problems[:4]))
-                else:
-                    note = gathered[0][1]
-                    lines.append(f"{name}: ok on {WORLD} ranks" + (f", {note}" if note else ""))
-    return lines
-
-
 if __name__ == "__main__":
-    grade_each_submission(run_checks, "lesson 3 grading checks")
+    grade_each_submission(
+        lambda store, tag: run_checks(store, tag, 3, CHECKS, VERDICTS, GROUP_TIMEOUT),
+        "lesson 3 grading checks")

@@ -31,7 +31,6 @@ grades several submission folders, one block after `### submission A` each.
 """
 
 import copy
-import json
 import re
 from contextlib import contextmanager
 from datetime import timedelta
@@ -43,11 +42,8 @@ import torch.nn.functional as F
 from common import (
     RANK,
     WORLD,
-    everyones_verdict,
-    exercises_or_error,
     grade_each_submission,
-    group_of_its_own,
-    one_line,
+    run_checks,
 )
 from torch._C._distributed_c10d import Work
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -409,30 +405,8 @@ def summary(problems: list[str]) -> str:
     return "; ".join(told[:3]) + (f"; and {len(told) - 3} more" if len(told) > 3 else "")
 
 
-def run_checks(store, tag) -> list[str]:
-    ex, import_error = exercises_or_error(7)
-    lines = []
-    for check, fn in CHECKS.items():
-        with group_of_its_own(store, f"lesson7/{tag}/{check}", GROUP_TIMEOUT):
-            try:
-                if import_error:
-                    raise RuntimeError(import_error)
-                outcome = fn(ex)
-            except BaseException as error:  # the graded code raised: the next check runs
-                outcome = {name: ([f"rank {RANK}: {one_line(error)}"], "")
-                           for name in VERDICTS[check]}
-            for name in VERDICTS[check]:
-                gathered = [json.loads(v) if v.startswith("[") else ([v], "") for v in
-                            everyones_verdict(store, f"lesson7/{tag}/{name}",
-                                              json.dumps(outcome[name]))]
-                problems = [p for per_rank, _ in gathered for p in per_rank]
-                if problems:
-                    lines.append(f"{name}: FAILED: " + summary(problems))
-                else:
-                    note = gathered[0][1]
-                    lines.append(f"{name}: ok on {WORLD} ranks" + (f", {note}" if note else ""))
-    return lines
-
-
 if __name__ == "__main__":
-    grade_each_submission(run_checks, "lesson 7 grading checks")
+    grade_each_submission(
+        lambda store, tag: run_checks(store, tag, 7, CHECKS, VERDICTS, GROUP_TIMEOUT,
+                                      summarise=summary),
+        "lesson 7 grading checks")

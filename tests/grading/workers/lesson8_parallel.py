@@ -29,7 +29,6 @@ grades several submission folders, one block after `### submission A` each.
 """
 
 import importlib
-import json
 from contextlib import contextmanager
 from datetime import timedelta
 
@@ -40,11 +39,8 @@ import torch.nn.functional as F
 from common import (
     RANK,
     WORLD,
-    everyones_verdict,
-    exercises_or_error,
     grade_each_submission,
-    group_of_its_own,
-    one_line,
+    run_checks,
 )
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -358,30 +354,12 @@ VERDICTS = {"zero1": ["zero1", "zero1_state", "zero1_balance", "zero1_gather"],
             "pipeline": ["pipeline", "pipeline_messages", "pipeline_schedule"]}
 
 
-def run_checks(store, tag) -> list[str]:
-    ex, import_error = exercises_or_error(8)
-    lines = []
-    for check, fn in CHECKS.items():
-        with group_of_its_own(store, f"lesson8/{tag}/{check}", GROUP_TIMEOUT):
-            try:
-                if import_error:
-                    raise RuntimeError(import_error)
-                outcome = fn(ex)
-            except BaseException as error:  # the graded code raised: the next check runs
-                outcome = {name: ([f"rank {RANK}: {one_line(error)}"], "")
-                           for name in VERDICTS[check]}
-            for name in VERDICTS[check]:
-                everyone = [json.loads(v) if v.startswith("[") else ([v], "") for v in
-                            everyones_verdict(store, f"lesson8/{tag}/{name}",
-                                              json.dumps(outcome[name]))]
-                problems = [p for per_rank, _ in everyone for p in per_rank]
-                if problems:
-                    lines.append(f"{name}: FAILED: " + "; ".join(dict.fromkeys(problems[:6])))
-                else:
-                    note = everyone[0][1]
-                    lines.append(f"{name}: ok on {WORLD} ranks" + (f", {note}" if note else ""))
-    return lines
+def summary(problems: list[str]) -> str:
+    return "; ".join(dict.fromkeys(problems[:6]))  # the same problem on every rank: once
 
 
 if __name__ == "__main__":
-    grade_each_submission(run_checks, "lesson 8 grading checks")
+    grade_each_submission(
+        lambda store, tag: run_checks(store, tag, 8, CHECKS, VERDICTS, GROUP_TIMEOUT,
+                                      summarise=summary),
+        "lesson 8 grading checks")
