@@ -97,7 +97,7 @@ def memcpy_bandwidth(device) -> tuple[float, int]:
 def worker():
     import torch.distributed as dist
 
-    from ddpcourse.grading import load_exercises
+    from ddpcourse.grading import exercises_for_a_script
     from ddpcourse.report import format_table, summary_line
     from ddpcourse.runtime import pick_device
 
@@ -128,11 +128,8 @@ def worker():
     run = {"all_reduce": dist.all_reduce, "naive": naive_all_reduce}
     ring_from = None
     if "ring" in methods:
-        has_solutions = (ROOT / "solutions" / "lesson4" / "exercises.py").exists()
-        which = args.ring if args.ring != "auto" else (
-            "solutions" if has_solutions else "student")
-        os.environ["COURSE_IMPL"] = which
-        ring = load_exercises(4).ring_all_reduce
+        exercises, which = exercises_for_a_script(4, args.ring)
+        ring = exercises.ring_all_reduce
         try:
             ring(torch.zeros(4, device=device))  # every rank fails alike if it is a stub
             run["ring"], ring_from = ring, which

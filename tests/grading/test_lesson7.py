@@ -226,8 +226,9 @@ class StandInForDDP(nn.Module):
 
 
 def accumulate_in_one_process(ex, k, steps=2):
-    """(the trained model, the reference, per step the forwards' all-reduce decisions)
-    after `steps` accumulation steps of k micro-batches of 4."""
+    """(the trained model, the reference, per step the forwards' all-reduce decisions, per
+    step the batch sizes the model itself saw) after `steps` accumulation steps of k
+    micro-batches of 4."""
     g = torch.Generator().manual_seed(k)
     data = [[(torch.randn(4, 10, generator=g), torch.randint(0, 3, (4,), generator=g))
              for _ in range(k)] for _ in range(steps)]
@@ -235,9 +236,12 @@ def accumulate_in_one_process(ex, k, steps=2):
     reference = copy.deepcopy(model)
     wrapped = StandInForDDP(model)
     optimizer = torch.optim.SGD(wrapped.parameters(), lr=0.1, momentum=0.9)
-    decisions = []
+    decisions, sizes = [], []
+    # On the model itself, so a forward through ddp_model.module counts too.
+    model.register_forward_pre_hook(lambda module, args: sizes[-1].append(len(args[0])))
     for micro_batches in data:
         wrapped.synced = []
+        sizes.append([])
         loss = ex.accumulation_step(wrapped, optimizer, micro_batches, F.cross_entropy)
         assert isinstance(loss, float), f"accumulation_step returned {type(loss).__name__}"
         decisions.append(wrapped.synced)
@@ -248,7 +252,7 @@ def accumulate_in_one_process(ex, k, steps=2):
         optimizer.zero_grad()
         F.cross_entropy(reference(x), y).backward()
         optimizer.step()
-    return model, reference, decisions
+    return model, reference, decisions, sizes
 
 
 @once
@@ -267,17 +271,20 @@ def assert_same(model, reference, k):
 @pytest.mark.points(1)
 def test_accumulation_equals_one_big_batch_in_one_process(ex):
     for k in (1, 3):
-        model, reference, _ = accumulate_in_one_process(ex, k)
+        model, reference, _, _ = accumulate_in_one_process(ex, k)
         assert_same(model, reference, k)
 
 
 @pytest.mark.l7_accumulate_no_sync
 @pytest.mark.points(2)
 def test_only_the_last_micro_batch_is_synchronised(ex):
-    """Of the K forwards of a step, DDP would all-reduce after the last only: the others
-    run inside no_sync() (the forward too: DDP decides there)."""
-    model, reference, decisions = accumulate_in_one_process(ex, 4)
+    """Of the K forwards of a step, one per micro-batch, DDP would all-reduce after the last
+    only: the others run inside no_sync() (the forward too: DDP decides there)."""
+    model, reference, decisions, sizes = accumulate_in_one_process(ex, 4)
     assert_same(model, reference, 4)
+    assert sizes == [[4] * 4] * len(sizes), \
+        (f"the batch sizes the model saw, per step: {sizes}; accumulation runs one forward "
+         "and backward per micro-batch of 4, never the K micro-batches joined into one")
     for step, synced in enumerate(decisions):
         assert synced.count(True) == 1 and synced[-1], \
             (f"step {step + 1}: the forwards that DDP would follow with an all-reduce: "
