@@ -108,17 +108,27 @@ class Launches(Traffic):
 
 @contextmanager
 def waits_noted(watch):
-    real_wait = vars(Work)["wait"]
+    """Note the phase of every wait for a collective: Work.wait(), and a wait on its future
+    (Work.get_future().wait(), torch.futures.wait_all), which blocks the same way."""
+    patched = [(owner, name, vars(owner)[name]) for owner, name in
+               [(Work, "wait"), (torch._C.Future, "wait"), (torch.futures.Future, "wait")]]
+    real_wait_all = torch.futures.wait_all
 
-    def wait(self, *args, **kwargs):
-        watch.waits.append(watch.phase)
-        return real_wait(self, *args, **kwargs)
+    def noting(real):
+        def wait(*args, **kwargs):
+            watch.waits.append(watch.phase)
+            return real(*args, **kwargs)
+        return wait
 
-    Work.wait = wait
+    for owner, name, real in patched:
+        setattr(owner, name, noting(real))
+    torch.futures.wait_all = noting(real_wait_all)
     try:
         yield
     finally:
-        Work.wait = real_wait
+        for owner, name, real in patched:
+            setattr(owner, name, real)
+        torch.futures.wait_all = real_wait_all
 
 
 def step_data(step, group_ranks):
@@ -218,8 +228,9 @@ def overlap_problems(cap, step, watch):
                 "backward stood still while they ran"]
     waited = watch.waits.count("backward")
     if waited:
-        return [f"{where}: {waited} Work.wait() calls during backward: the hooks waited for "
-                "their all-reduce, so backward stood still while it ran (wait in finish)"]
+        return [f"{where}: {waited} waits during backward (Work.wait or its future): the hooks "
+                "waited for their all-reduce, so backward stood still while it ran (wait in "
+                "finish)"]
     early = sum(1 for *_, pending, _ in launches if pending > 0)
     if early < len(launches) - 1:
         return [f"{where}: only {early} of {len(launches)} all-reduces started while "
