@@ -25,6 +25,10 @@ from ddpcourse.hosts import Hosts, HostsError, parse_link, torchrun_command
 
 REASON = H.unavailable_reason()
 needs_hosts = pytest.mark.skipif(REASON is not None, reason=f"no separate hosts here: {REASON}")
+# One test worker for the whole module (make test: --dist loadgroup): each test checks that no
+# namespace of a dead owner is left, and the cleanup-stale test leaves some on purpose for a
+# moment, which a test running beside it on another worker would take for its own leak.
+pytestmark = pytest.mark.xdist_group("tests/project/test_lesson5_hosts.py")
 
 
 def ours_or_orphans() -> set[str]:
