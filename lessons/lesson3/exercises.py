@@ -114,8 +114,10 @@ def train_ddp(model: nn.Module, dataset, global_batch: int, epochs: int, lr: flo
     (per_process_batch above); the model wrapped in DDP (device_ids=[its GPU] only when the
     model is on a GPU); the same optimizer on the DDP model's parameters; exactly
     len(dataset) // global_batch steps per epoch (the sampler pads the dataset to a multiple
-    of the world size, so a process's loader can hold one batch more: skip it). Return the
-    trained model itself, not the DDP wrapper.
+    of the world size, so a process's loader can hold one batch more: do not train on it).
+    A loop that stops after its steps may let the loader fetch that extra batch, or part of
+    it, before stopping: allowed; training on it, or reading any other samples, is not.
+    Return the trained model itself, not the DDP wrapper.
 
     The grader checks the mechanism as well as the result: which samples each process reads
     from `dataset` (only its own share, every epoch; read them in the training process, the

@@ -32,7 +32,9 @@ def ring_all_reduce(tensor: torch.Tensor) -> torch.Tensor:
     Afterwards every rank's `tensor` holds the element-wise sum of all ranks' tensors, like
     dist.all_reduce(tensor) does; return `tensor`. It must work for any world size (odd ones
     too; with one rank there is nothing to do), any shape and any number of elements, even
-    fewer elements than ranks, and for integer as well as float tensors.
+    fewer elements than ranks, and for integer as well as float tensors. With fewer elements
+    than ranks some chunks are empty: sending an empty chunk as a message or skipping it are
+    both fine (graded: no more than the 2(W-1) steps' messages, none larger than one chunk).
 
     The plan: view the tensor as one flat row and cut it into W chunks (tensor_split gives
     chunk sizes that differ by at most one). Rank r sends to rank r+1 and receives from rank
