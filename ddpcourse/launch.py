@@ -174,81 +174,53 @@ def _signal_group(pid: int, sig: int) -> None:
         pass
 
 
-CPP_STACK_LINE = re.compile(r"frame #\d+: |<omitting python frames>|Exception raised from ")
+class AgentFailureSummary:
+    """Passes torchrun's output on unchanged, and adds one line after its failure report.
 
-
-class AgentErrorFilter:
-    """Turns torchrun's own 'ChildFailedError' traceback into one line.
-
-    The failing worker has already printed its own message (or traceback) above; the agent's
-    30-line report after it says little more than which rank failed with which exit code.
-    When the worker recorded its exception in an error file (@record), the line also names
-    the host and the exception, which matter when --redirects kept it off the console.
-    Set COURSE_RAW_TORCHRUN=1 to see it unabridged.
-
-    Why parse text: torchrun has no option that leaves this report out. Its `main` is wrapped
-    in `@record`, which re-raises the ChildFailedError, so Python prints the traceback
-    (torch/distributed/run.py, elastic/multiprocessing/errors/__init__.py); --log-dir,
-    --redirects and --tee route the workers' output, not the agent's, and LOGLEVEL only
-    governs its log lines. Running the agent in-process (torch.distributed.run.run) would
-    give the failure as an object, but the command students see would no longer be torchrun.
+    torchrun ends a failed job with a 'ChildFailedError' traceback and a report of the
+    failures: read it, it is what torchrun prints everywhere. After the report this adds one
+    line naming the first rank that failed with its exit code and, when the worker recorded
+    its exception in an error file (@record), the host and the exception, which matter when
+    --redirects kept the worker's own message off the console. It reads the report's text
+    (torchrun has no machine-readable form of it): if a torch release words it differently,
+    the summary is left out and nothing else changes. COURSE_RAW_TORCHRUN=1 leaves it out too.
     """
 
     def __init__(self, emit):
         self.emit = emit
-        self.held: list[str] = []  # a Traceback whose origin we do not know yet
-        self.swallowing = False
+        self.in_report = False
         self.failure: dict[str, str] = {}
         self.after_exit_barrier = False
 
     def feed(self, line: str) -> None:
-        if "Error waiting on exit barrier" in line:
-            # A simulated node whose peer (hosting the store) left first, after the job
-            # finished: harmless, and followed by a traceback we drop too.
-            self.after_exit_barrier = True
-            return
-        if self.after_exit_barrier:
-            if re.match(r"[\w.]*(Error|Exception)\b", line):
-                self.after_exit_barrier = False
-            return
-        if self.swallowing and re.match(r"[\w.]*(Error|Exception)\b", line) and (
-                "ChildFailedError" not in line):
-            # torchrun itself failed (a rendezvous problem, say): its last line says why.
-            self.emit(f"error: torchrun: {line.strip()}\n")
-            self.swallowing = False
-            return
-        if self.swallowing:
-            if line.startswith("Root Cause"):
-                self.failure["_root"] = "yes"
-            for key in ("rank", "exitcode", "host", "error_file"):
-                m = re.match(rf"\s*{key}\s*:\s*(\S+)", line)
-                if m and self.failure.get("_root") and key not in self.failure:
-                    self.failure[key] = m.group(1)
-            if self.failure.get("_root") and "error_file" in self.failure and (
-                    line.strip() and not line.startswith("=====")):
-                self.failure["_last"] = line.strip()  # the traceback's last line, in the end
-            if line.startswith("=====") and self.failure.get("_opened"):
-                self.emit(self.one_line(self.failure))
-                self.swallowing, self.failure = False, {}
-            elif line.startswith("====="):
-                self.failure["_opened"] = "yes"
-            return
-        if self.held:
-            self.held.append(line)
-            if len(self.held) == 2:
-                if re.search(r"[/\\]torchrun\b|torch[/\\]distributed[/\\]run\.py", line):
-                    self.held, self.swallowing = [], True
-                else:
-                    for held in self.held:
-                        self.emit(held)
-                    self.held = []
-            return
-        if CPP_STACK_LINE.match(line):
-            return  # C++ frames of a store that lost its peer: noise after the real error
-        if line.startswith("Traceback (most recent call last)"):
-            self.held = [line]
-            return
         self.emit(line)
+        if "Error waiting on exit barrier" in line:
+            self.after_exit_barrier = True
+        elif self.after_exit_barrier and re.match(r"[\w.]*(Error|Exception)\b", line):
+            self.after_exit_barrier = False
+            self.emit("note: the traceback above comes after the job finished: a simulated "
+                      "node's agent found that node 0's agent, which hosts the store, had "
+                      "already left. Harmless.\n")
+        elif "ChildFailedError" in line:
+            self.in_report, self.failure = True, {}
+        elif self.in_report:
+            self.read_report(line)
+
+    def read_report(self, line: str) -> None:
+        if line.startswith("Root Cause"):
+            self.failure["_root"] = "yes"
+        for key in ("rank", "exitcode", "host", "error_file"):
+            m = re.match(rf"\s*{key}\s*:\s*(\S+)", line)
+            if m and self.failure.get("_root") and key not in self.failure:
+                self.failure[key] = m.group(1)
+        if self.failure.get("_root") and "error_file" in self.failure and (
+                line.strip() and not line.startswith("=====")):
+            self.failure["_last"] = line.strip()  # the traceback's last line, in the end
+        if line.startswith("=====") and self.failure.get("_opened"):
+            self.emit(self.one_line(self.failure))
+            self.in_report = False
+        elif line.startswith("====="):
+            self.failure["_opened"] = "yes"
 
     @staticmethod
     def one_line(failure: dict[str, str]) -> str:
@@ -258,7 +230,7 @@ class AgentErrorFilter:
                  f"{failure.get('exitcode', '?')} first")
         error_file = failure.get("error_file", "<N/A>")
         if error_file.startswith("<"):
-            return f"{first} (the workers' own messages are above)\n"
+            return f"{first} (the workers' own messages are above torchrun's report)\n"
         try:  # torch/distributed/elastic/multiprocessing/errors/error_handler.py writes it
             with open(error_file) as f:
                 message = json.load(f)["message"]["message"]
@@ -268,23 +240,16 @@ class AgentErrorFilter:
         return (f"{first}, on host {failure.get('host', '?')}: {message} (error file: "
                 f"{error_file})\n")
 
-    def close(self) -> None:
-        for held in self.held:
-            self.emit(held)
-        self.held = []
-
 
 def _pump(stream, emit, filtered: bool, stopping: threading.Event) -> None:
-    flt = AgentErrorFilter(emit) if filtered else None
+    summary = AgentFailureSummary(emit) if filtered else None
     for line in iter(stream.readline, ""):
         if stopping.is_set() and filtered:
             continue  # what agents say while we stop them is about being stopped
-        if flt:
-            flt.feed(line)
+        if summary:
+            summary.feed(line)
         else:
             emit(line)
-    if flt:
-        flt.close()
     stream.close()
 
 

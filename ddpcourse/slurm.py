@@ -53,7 +53,7 @@ import time
 from dataclasses import dataclass
 
 from ddpcourse import hosts as H
-from ddpcourse.launch import AgentErrorFilter, LaunchError, positive_int
+from ddpcourse.launch import AgentFailureSummary, LaunchError, positive_int
 
 INSTALL = "install slurm-wlm and munge (apt-get install slurm-wlm munge)"
 # The daemons live in sbin, which is not on every PATH.
@@ -380,10 +380,10 @@ class Cluster:
             shown = {"SLURM_CONF": self.conf, "CUDA_VISIBLE_DEVICES": "", **(extra_env or {})}
             prefix = "".join(f"{key}={shlex.quote(value)} " for key, value in shown.items())
             print("$ " + prefix + shlex.join(command), flush=True)
-        # What a person reads: torchrun's agent tracebacks in one line, as ddpcourse.launch
-        # shows them (COURSE_RAW_TORCHRUN=1: as they are). Job.output keeps everything.
+        # What a person reads: torchrun's output with a one-line summary after a failure
+        # report, as ddpcourse.launch shows it (COURSE_RAW_TORCHRUN=1: without).
         raw = os.environ.get("COURSE_RAW_TORCHRUN", "") not in ("", "0")
-        readable = AgentErrorFilter(_write) if echo and not raw else None
+        readable = AgentFailureSummary(_write) if echo and not raw else None
         follower = _Follower(output, readable.feed if readable else _write if echo else None)
         started = time.monotonic()
         sbatch = subprocess.Popen(command, env=self.job_env(extra_env), cwd=cwd,
@@ -411,8 +411,6 @@ class Cluster:
                     pass
             reader.join(timeout=10)
             follower.stop()
-            if readable:
-                readable.close()
         return Job(command, returncode, _job_id("".join(said)), follower.text, "".join(said),
                    time.monotonic() - started)
 

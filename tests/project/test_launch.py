@@ -8,7 +8,7 @@ import pytest
 from util import PYTHON, ROOT, run
 
 from ddpcourse.cli import ArgumentParser
-from ddpcourse.launch import AgentErrorFilter, LaunchError, launch, torchrun_commands
+from ddpcourse.launch import AgentFailureSummary, LaunchError, launch, torchrun_commands
 
 # make's lesson rule runs `$(VPY) -m ddpcourse.lessons`, whose torchrun is the one beside that
 # Python: here the fork server's stand-ins, so the job's processes do not import torch anew.
@@ -60,9 +60,9 @@ def test_simulated_nodes_get_one_command_each():
     ]
 
 
-def test_agent_traceback_becomes_one_line():
+def test_torchrun_s_report_stays_and_gets_a_one_line_summary():
     lines = []
-    f = AgentErrorFilter(lines.append)
+    f = AgentFailureSummary(lines.append)
     worker = ["Traceback (most recent call last):\n", '  File "train.py", line 3\n',
               "ValueError: bad\n"]
     agent = ["Traceback (most recent call last):\n", '  File "/v/bin/torchrun", line 6\n',
@@ -72,23 +72,23 @@ def test_agent_traceback_becomes_one_line():
              "  exitcode  : 2 (pid: 9)\n", "=" * 20 + "\n", "after\n"]
     for line in worker + agent:
         f.feed(line)
-    f.close()
-    assert lines == worker + [
+    assert lines == worker + agent[:-1] + [
         "error: the job failed: rank 3 exited with code 2 first "
-        "(the workers' own messages are above)\n",
+        "(the workers' own messages are above torchrun's report)\n",
         "after\n"]
 
 
-def test_exit_barrier_noise_after_a_finished_job_is_dropped():
+def test_exit_barrier_noise_after_a_finished_job_is_explained():
     lines = []
-    f = AgentErrorFilter(lines.append)
-    for line in ["summary: ok\n",
-                 "E1122 01:00:00 api.py:1008] Error waiting on exit barrier. Elapsed: 3 s\n",
-                 "Traceback (most recent call last):\n",
-                 '  File "/v/torch/distributed/elastic/agent/server/api.py", line 990\n',
-                 "torch.distributed.DistNetworkError: connection reset\n", "next\n"]:
+    f = AgentFailureSummary(lines.append)
+    noise = ["E1122 01:00:00 api.py:1008] Error waiting on exit barrier. Elapsed: 3 s\n",
+             "Traceback (most recent call last):\n",
+             '  File "/v/torch/distributed/elastic/agent/server/api.py", line 990\n',
+             "torch.distributed.DistNetworkError: connection reset\n"]
+    for line in ["summary: ok\n", *noise, "next\n"]:
         f.feed(line)
-    assert lines == ["summary: ok\n", "next\n"]
+    assert lines[:5] == ["summary: ok\n", *noise] and lines[-1] == "next\n"
+    assert lines[5].startswith("note: the traceback above comes after the job finished")
 
 
 @pytest.mark.slow
