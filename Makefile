@@ -23,13 +23,13 @@ BACKEND ?=
 OPTS    := --nproc '$(NPROC)' --nnodes '$(NNODES)' --port '$(PORT)' --timeout '$(TIMEOUT)' \
            --backend '$(BACKEND)'
 # Checks NPROC/NNODES/PORT with the system Python before anything is installed or started.
-CHECK   := $(PYTHON) -m ddpcourse.launch --check $(OPTS)
+CHECK   := $(PYTHON) -m ddpcourse.cluster.launch --check $(OPTS)
 
 .PHONY: help setup bench test test-fast lint grade grade-class notebooks figures student-release clean
 
 help: ## list the targets
 	@echo "usage: make TARGET [NPROC=k] [NNODES=n] [BACKEND=gloo|nccl] [ARGS=...] ..."
-	@$(PYTHON) -m ddpcourse.lessons help
+	@$(PYTHON) -m ddpcourse.course.lessons help
 	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 20
 
 # One pip run installs everything, the course's own package included. --no-compile: pip would
@@ -47,17 +47,17 @@ setup: $(VENV)/.installed ## create .venv from requirements.txt (again only when
 
 # Every lesson's targets (lesson1, check-ddp, ...) come from its lessons/lessonN/lesson.toml:
 # one rule runs them all. The arguments are checked with the system Python before anything is
-# installed or started; then ddpcourse.lessons prints and runs each step.
-LESSON_TARGETS := $(shell $(PYTHON) -m ddpcourse.lessons targets)
-BENCH_TARGETS  := $(shell $(PYTHON) -m ddpcourse.lessons targets --bench)
+# installed or started; then ddpcourse.course.lessons prints and runs each step.
+LESSON_TARGETS := $(shell $(PYTHON) -m ddpcourse.course.lessons targets)
+BENCH_TARGETS  := $(shell $(PYTHON) -m ddpcourse.course.lessons targets --bench)
 ifeq ($(strip $(LESSON_TARGETS)),)
-$(error cannot read the lessons' targets: `$(PYTHON) -m ddpcourse.lessons targets` failed (Python 3.11 or newer is needed))
+$(error cannot read the lessons' targets: `$(PYTHON) -m ddpcourse.course.lessons targets` failed (Python 3.11 or newer is needed))
 endif
 .PHONY: $(LESSON_TARGETS)
 $(LESSON_TARGETS):
 	@$(CHECK)
 	@$(MAKE) --no-print-directory setup
-	@$(VPY) -m ddpcourse.lessons run $@ $(OPTS) --args='$(subst ','\'',$(ARGS))'
+	@$(VPY) -m ddpcourse.course.lessons run $@ $(OPTS) --args='$(subst ','\'',$(ARGS))'
 
 bench: $(BENCH_TARGETS) ## every lesson's benchmark
 
@@ -79,11 +79,11 @@ lint: setup ## ruff on the whole course
 	$(VPY) -m ruff check .
 
 grade: setup ## grade exercises: [LESSON=n] [IMPL=student|solutions] [SUBMISSION=folder]
-	@$(VPY) -m ddpcourse.grading grade --lesson '$(LESSON)' --impl '$(IMPL)' \
+	@$(VPY) -m ddpcourse.course.grading grade --lesson '$(LESSON)' --impl '$(IMPL)' \
 		$(if $(SUBMISSION),--submission '$(SUBMISSION)')
 
 grade-class: setup ## grade every folder under SUBMISSIONS=dir into build/grades/class.csv
-	@$(VPY) -m ddpcourse.grading class '$(SUBMISSIONS)' --lesson '$(LESSON)'
+	@$(VPY) -m ddpcourse.course.grading class '$(SUBMISSIONS)' --lesson '$(LESSON)'
 
 notebooks: setup ## execute every notebook and render HTML into build/notebooks
 	$(VPY) -m jupyter nbconvert --to html --embed-images --execute --ExecutePreprocessor.timeout=600 \

@@ -13,7 +13,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from ddpcourse.lessons import all_lessons
+from ddpcourse.course.lessons import all_lessons
 
 
 def figure_functions() -> dict[int, Callable[[], dict]]:

@@ -1,16 +1,16 @@
 """Lesson 5's pictures: the course's separate hosts, and a hierarchical all-reduce.
 
-`draw_hosts` draws what ddpcourse.hosts builds for a run: one network namespace per host,
+`draw_hosts` draws what ddpcourse.cluster.hosts builds for a run: one network namespace per host,
 each with its own loopback and an eth0 on the course's subnet, joined by veth pairs to a
 bridge that lives in a switch namespace of its own, and nothing added to the machine's own
-namespace. The names and addresses come from ddpcourse.hosts, so the picture and the code
+namespace. The names and addresses come from ddpcourse.cluster.hosts, so the picture and the code
 cannot drift apart. `draw_hierarchical_allreduce` draws the three phases of an all-reduce
 that crosses the network once per node instead of once per process.
 """
 
 from __future__ import annotations
 
-from ddpcourse import hosts as H
+from ddpcourse.cluster import hosts as H
 from ddpcourse.topology import PALETTE
 
 NETWORK = "#0072B2"   # the hosts' network: veth cables and the bridge
@@ -27,7 +27,7 @@ def _box(ax, x, y, w, h, face, edge="#333333", width=1.2, style="round,pad=0.02,
 
 
 def draw_hosts(count: int = 2, nproc: int = 1, link: str = "1gbit", run: str = "ddpc<pid>-0"):
-    """The hosts of one `python -m ddpcourse.hosts run --hosts COUNT --nproc NPROC` run.
+    """The hosts of one `python -m ddpcourse.cluster.hosts run --hosts COUNT --nproc NPROC` run.
 
     Each host box shows its namespace's name, its two interfaces (lo and eth0 with its
     address) and the processes torchrun starts there; a veth pair joins its eth0 to port

@@ -17,7 +17,7 @@ import torch.distributed as dist
 import torch.distributed.nn  # noqa: F401
 
 from ddpcourse.cli import exit_after_rank_0
-from ddpcourse.launch import free_port
+from ddpcourse.cluster.launch import free_port
 
 
 def pick_device(local_rank: int = 0):

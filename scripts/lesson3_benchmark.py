@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from ddpcourse.cli import ArgumentParser
-from ddpcourse.launch import LaunchError, launch, visible_gpu_count
+from ddpcourse.cluster.launch import LaunchError, launch, visible_gpu_count
 from ddpcourse.report import format_table, summary_line
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -28,7 +28,7 @@ from torch.utils.data import DataLoader, DistributedSampler, Subset
 
 from ddpcourse.cli import ArgumentParser, split_batch
 from ddpcourse.data import DATASETS, NUM_CLASSES, load_datasets
-from ddpcourse.launch import free_port
+from ddpcourse.cluster.launch import free_port
 from ddpcourse.models import create_model
 from ddpcourse.report import summary_line
 from ddpcourse.runtime import fail, pick_device

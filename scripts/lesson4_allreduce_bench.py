@@ -97,7 +97,7 @@ def memcpy_bandwidth(device) -> tuple[float, int]:
 def worker():
     import torch.distributed as dist
 
-    from ddpcourse.grading import exercises_for_a_script
+    from ddpcourse.exercises import exercises_for_a_script
     from ddpcourse.report import format_table, summary_line
     from ddpcourse.runtime import pick_device
 
@@ -284,7 +284,7 @@ def draw(results: list[dict], path: Path) -> None:
 
 
 def driver():
-    from ddpcourse.launch import LaunchError, launch, visible_gpu_count
+    from ddpcourse.cluster.launch import LaunchError, launch, visible_gpu_count
     from ddpcourse.report import format_table, summary_line
 
     started = time.perf_counter()

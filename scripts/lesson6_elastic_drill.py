@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 
 from ddpcourse.cli import ArgumentParser  # noqa: E402
 from ddpcourse.failures_draw import read_events  # noqa: E402
-from ddpcourse.launch import CPP_STACK_LINE, default_torchrun, free_port  # noqa: E402
+from ddpcourse.cluster.launch import CPP_STACK_LINE, default_torchrun, free_port  # noqa: E402
 
 
 def parse_args():

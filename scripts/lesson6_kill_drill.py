@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 from ddpcourse.cli import ArgumentParser  # noqa: E402
 from ddpcourse.failures_draw import read_events  # noqa: E402
-from ddpcourse.launch import LaunchError, launch  # noqa: E402
+from ddpcourse.cluster.launch import LaunchError, launch  # noqa: E402
 
 SCRIPT = "scripts/lesson6_resumable.py"
 

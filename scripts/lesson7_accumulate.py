@@ -1,189 +1,182 @@
 """Lesson 7: gradient accumulation with no_sync(): K micro-batches, one all-reduce, one step.
 
     make lesson7-accumulate NPROC=2                     # prints, then runs, this command:
-    torchrun --nproc-per-node=2 scripts/lesson7_accumulate.py   # K = 4; --accumulation 8
+    torchrun --nproc-per-node=2 scripts/lesson7_accumulate.py --accumulation 4
 
-It keeps lesson3_check_equivalence.py's set-up and its comparison with one process (diff
-the two), and cuts each rank's share of a step into micro-batches. Each rank trains
-the same starting model three ways on the same samples:
-
-    big batch   one forward/backward of K x micro-batch samples per step
-    no_sync     K micro-batches; the first K - 1 backward passes inside model.no_sync()
-    every pass  K micro-batches, every backward all-reduced (no no_sync)
-
-A communication hook counts DDP's all-reduces and the values they carry. Rank 0 then
-trains a copy alone on every rank's samples together and prints how far each way lands
-from it: all three agree to float rounding, and no_sync sends K times less.
+It is lesson3_ddp.py with each process's share of the global batch cut into K micro-batches:
+    diff scripts/lesson3_ddp.py scripts/lesson7_accumulate.py
 """
 
-import copy
 import os
-import sys
 import time
 from contextlib import nullcontext
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.utils.data import BatchSampler, DistributedSampler
+from torch.utils.data import DataLoader, DistributedSampler, Subset
 
-from ddpcourse.cli import ArgumentParser
-from ddpcourse.data import NUM_CLASSES, load_datasets
+from ddpcourse.cli import ArgumentParser, split_batch
+from ddpcourse.data import DATASETS, NUM_CLASSES, load_datasets
 from ddpcourse.models import create_model
-from ddpcourse.report import format_table, summary_line
+from ddpcourse.report import summary_line
 from ddpcourse.runtime import fail, pick_device, world_of_one_unless_launched
+
+# The learning rate belongs to the GLOBAL batch: 0.1 for 256 samples per optimizer step.
+# Linear scaling rule: change the global batch by a factor k and scale the rate by k too.
+BASE_LR, BASE_BATCH = 0.1, 256
 
 
 def parse_args():
     parser = ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="test_vit",
-                        help="a timm model without BatchNorm or dropout: the ways must match")
+    parser.add_argument("--dataset", choices=DATASETS, default="digits")
+    parser.add_argument("--data-dir", default="data", help="where cifar10 looks for its files")
+    parser.add_argument("--image-size", type=int, default=None,
+                        help="image side in pixels (default: 16 for digits, 32 for cifar10)")
+    parser.add_argument("--model", default="test_resnet", help="a timm model name")
+    parser.add_argument("--pretrained", action="store_true",
+                        help="start from timm's pretrained weights (must be on this machine)")
+    parser.add_argument("--epochs", type=int, default=8, help="0 measures start-up alone")
+    parser.add_argument("--batch-size", type=int, default=None,
+                        help=f"the global batch, all devices together (default {BASE_BATCH}, "
+                             "rounded down to split over the processes)")
     parser.add_argument("--accumulation", type=int, default=4,
-                        help="K: micro-batches per optimizer step")
-    parser.add_argument("--micro-batch", type=int, default=8,
-                        help="samples per micro-batch per process")
-    parser.add_argument("--steps", type=int, default=3, help="optimizer steps to compare")
-    parser.add_argument("--lr", type=float, default=0.05)
+                        help="K: micro-batches per optimizer step, each 1/K of a process's share")
+    parser.add_argument("--lr", type=float, default=None,
+                        help=f"learning rate for the global batch (default {BASE_LR} x "
+                             f"batch-size / {BASE_BATCH}: the linear scaling rule)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--tolerance", type=float, default=1e-5)
+    parser.add_argument("--checkpoint", default=f"runs/{Path(__file__).stem}.pt")
     parser.add_argument("--timeout", type=float, default=120,
                         help="seconds a collective may wait for the other processes")
     args = parser.parse_args()
-    if min(args.accumulation, args.micro_batch, args.steps) < 1:
-        parser.error("--accumulation, --micro-batch and --steps must be at least 1")
+    if args.epochs < 0 or args.batch_size is not None and args.batch_size < 1 \
+            or args.accumulation < 1:
+        parser.error("--epochs must be >= 0, --batch-size and --accumulation >= 1")
     return args
 
 
-def counting_hook(counts, bucket):
-    """DDP's own all-reduce (default_hooks.allreduce_hook), counted on the way."""
-    counts["all-reduces"] += 1
-    counts["values"] += bucket.buffer().numel()
-    return default_hooks.allreduce_hook(None, bucket)
-
-
-def train(model, steps, lr, device, accumulation=1, use_no_sync=True):
-    """SGD over `steps`, each a list of K micro-batches (images, labels)."""
-    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
-    model.train()
-    seconds = []
-    for micro_batches in steps:
-        tick = time.perf_counter()
-        optimizer.zero_grad(set_to_none=True)
-        for k, (images, labels) in enumerate(micro_batches):
-            last = k == len(micro_batches) - 1
-            # Inside no_sync() backward only adds into p.grad; the last backward, outside
-            # it, all-reduces the sum of all K. Without no_sync every backward all-reduces.
-            quiet = model.no_sync() if use_no_sync and not last else nullcontext()
-            with quiet:
-                loss = F.cross_entropy(model(images.to(device)), labels.to(device))
-                (loss / accumulation).backward()  # the mean over K micro-batches
-        optimizer.step()
-        seconds.append(time.perf_counter() - tick)
-        if hasattr(model, "counts"):  # this step's all-reduces, for the table
-            model.counts["per step"].append(model.counts["all-reduces"]
-                                            - sum(model.counts["per step"]))
-    return seconds
-
-
-def flat(model):
-    return torch.cat([p.detach().flatten() for p in model.parameters()])
+@torch.no_grad()
+def evaluate(model, loader, device):
+    """[correct predictions, samples seen] over `loader`, as a tensor on `device`."""
+    model.eval()
+    counts = torch.zeros(2, dtype=torch.float64, device=device)  # summed on the device
+    for images, labels in loader:
+        images, labels = images.to(device), labels.to(device)
+        counts[0] += (model(images).argmax(1) == labels).sum()
+        counts[1] += len(labels)
+    return counts
 
 
 def main():
     args = parse_args()
     started = time.perf_counter()
-    world_of_one_unless_launched("make lesson7-accumulate NPROC=2  (or: torchrun "
-                                 "--nproc-per-node=2 scripts/lesson7_accumulate.py)")
-    rank = int(os.environ["RANK"])
-    local_rank = int(os.environ["LOCAL_RANK"])
-    world_size = int(os.environ["WORLD_SIZE"])
 
-    device, backend = pick_device(local_rank)
+    world_of_one_unless_launched("make lesson3 NPROC=4  (or: torchrun --nproc-per-node=4 "
+                                 "scripts/lesson3_ddp.py)")
+    rank = int(os.environ["RANK"])              # this process, 0 .. world_size - 1
+    local_rank = int(os.environ["LOCAL_RANK"])  # its number on this node: picks the GPU
+    world_size = int(os.environ["WORLD_SIZE"])  # processes in the job
+
+    device, backend = pick_device(local_rank)  # cuda:LOCAL_RANK with nccl, else CPU with gloo
     if device.type == "cuda":
         torch.cuda.set_device(device)
-        # Exact arithmetic on GPUs too: no TF32 shortcuts, no nondeterministic kernels.
-        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
     dist.init_process_group(backend, timeout=timedelta(seconds=args.timeout))
 
-    K, micro = args.accumulation, args.micro_batch
-    per_step = K * micro  # this rank's samples per optimizer step
-    train_set, _ = load_datasets("digits")
-    if args.steps * per_step * world_size > len(train_set):
-        fail(f"{args.steps} steps of {world_size} x {K} x {micro} samples need more than the "
-             f"{len(train_set)} training images; take fewer steps or smaller batches")
+    # The global batch stays what it was on one device; each process takes an equal share.
+    # Here W processes x K micro-batches: left out, 256 rounded down (252 = 3 x 4 x 21).
+    K = args.accumulation
+    try:  # args.batch_size becomes the global batch this run really trains with
+        args.batch_size, micro_batch, rounded = split_batch(args.batch_size, BASE_BATCH,
+                                                            world_size * K)
+    except ValueError:  # every rank meets it: rank 0 says so, the others wait
+        fail(f"the global batch {args.batch_size} does not split into {world_size} "
+             f"process(es) x {K} micro-batches; use a multiple of {world_size * K}")
+    rounded = rounded and f" ({BASE_BATCH} rounded down to split into {world_size} x {K})"
+    batch_size = micro_batch * K  # this process's samples per step; a forward holds 1/K
+
+    train_set, val_set = load_datasets(args.dataset, args.data_dir, args.image_size)
+    # Each process reads its own 1/world_size of the shuffled training set (set_epoch below).
     sampler = DistributedSampler(train_set, num_replicas=world_size, rank=rank, shuffle=True,
                                  seed=args.seed)
-    mine = list(BatchSampler(sampler, per_step, drop_last=True))[:args.steps]
-    shares = [None] * world_size if rank == 0 else None
-    dist.gather_object(mine, shares, dst=0)  # rank 0 learns every rank's samples
+    train_loader = DataLoader(train_set, batch_size=micro_batch, sampler=sampler)
+    # Validation: every world_size-th image, no sampler padding: each one counted once.
+    val_loader = DataLoader(Subset(val_set, range(rank, len(val_set), world_size)),
+                            batch_size=batch_size)
 
-    def batch(indices):
-        images, labels = zip(*(train_set[i] for i in indices), strict=True)
-        return torch.stack(images), torch.stack(labels)
+    torch.manual_seed(args.seed)  # the same initial weights in every run
+    model = create_model(args.model, NUM_CLASSES[args.dataset], args.pretrained).to(device)
+    # DDP copies rank 0's weights everywhere, then averages gradients during backward().
+    model = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None)
+    lr = args.lr if args.lr is not None else BASE_LR * args.batch_size / BASE_BATCH
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, weight_decay=5e-4)
 
-    big = [[batch(step)] for step in mine]                      # one batch of K x micro
-    small = [[batch(step[k * micro:(k + 1) * micro]) for k in range(K)] for step in mine]
+    parameters = sum(p.numel() for p in model.parameters())
+    if rank == 0:  # rank 0 speaks for the job
+        print(f"{args.model} ({parameters / 1e6:.2f} M parameters) on {args.dataset}: "
+              f"{len(train_set)} training and {len(val_set)} validation images, "
+              f"{world_size} process(es) on {device.type} with {backend}")
+        print(f"global batch {args.batch_size} = {world_size} process(es) x "
+              f"{K} micro-batches x {micro_batch}, lr {lr:g}{rounded}")
 
-    torch.manual_seed(args.seed)
-    start_model = create_model(args.model, NUM_CLASSES["digits"]).to(device)
-    rows, finals = [], {}
-    for way, steps, accumulation, use_no_sync in [("big batch", big, 1, True),
-                                                  ("no_sync", small, K, True),
-                                                  ("every pass", small, K, False)]:
-        model = DDP(copy.deepcopy(start_model),
-                    device_ids=[local_rank] if device.type == "cuda" else None)
-        model.counts = counts = {"all-reduces": 0, "values": 0, "per step": []}
-        model.register_comm_hook(counts, counting_hook)
-        seconds = train(model, steps, args.lr, device, accumulation, use_no_sync)
-        finals[way] = flat(model.module)
-        # DDP sends one bucket in the first step and rebuilds its buckets after it (lesson 6):
-        # the last step shows the steady state.
-        rows.append({"way": way, "backward/step": len(steps[0]),
-                     "all-reduces/step": counts["per step"][-1],
-                     "values sent/step": counts["values"] // args.steps,
-                     "ms/step": f"{1e3 * sorted(seconds)[len(seconds) // 2]:.1f}"})
+    train_loss = val_acc = float("nan")
+    train_seconds = trained = 0
+    for epoch in range(args.epochs):
+        sampler.set_epoch(epoch)  # a new shuffle every epoch, the same one on every rank
+        model.train()
+        tick = time.perf_counter()
+        # Running sums stay on the device: .item() would make the CPU wait for the GPU at
+        # every step. They are read once, when the epoch ends.
+        stats = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, correct, seen
+        for i, (images, labels) in enumerate(train_loader):
+            images, labels = images.to(device), labels.to(device)
+            # Every K-th micro-batch (and the epoch's last) ends a step; the others run
+            # under no_sync(): DDP skips the all-reduce and backward only adds into p.grad.
+            # DDP decides in forward whether to sync, so the forward goes inside too.
+            ends_step = (i + 1) % K == 0 or i + 1 == len(train_loader)
+            in_step = min(K, len(train_loader) - i // K * K)  # fewer at an epoch's end
+            with nullcontext() if ends_step else model.no_sync():
+                logits = model(images)
+                loss = F.cross_entropy(logits, labels)
+                (loss / in_step).backward()  # p.grad adds up to the mean over the step
+            if ends_step:  # one all-reduce of the summed gradients happened just now
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+            stats[0] += loss.detach() * len(labels)  # detach: no graph across the epoch
+            stats[1] += (logits.argmax(1) == labels).sum()
+            stats[2] += len(labels)
+        dist.all_reduce(stats)  # sums over ranks: the loss and accuracy of the whole epoch
+        loss_sum, correct, seen = stats.tolist()  # the epoch's one wait for the device
+        train_seconds += time.perf_counter() - tick
+        trained += int(seen)
 
-    # Rank 0 trains alone on every rank's samples of each step together: the reference.
-    gathered = {way: [torch.empty_like(f) for _ in range(world_size)] if rank == 0 else None
-                for way, f in finals.items()}
-    for way, final in finals.items():
-        dist.gather(final, gathered[way], dst=0)
-    if rank == 0:
-        alone = copy.deepcopy(start_model)
-        whole = [[batch(sum((share[s] for share in shares), []))] for s in range(args.steps)]
-        train(alone, whole, args.lr, device)
-        reference = flat(alone)
-        for row in rows:
-            copies = gathered[row["way"]]
-            row["max |diff| vs one process"] = \
-                f"{max((c - reference).abs().max().item() for c in copies):.1e}"
-            row["ranks agree"] = "yes" if all(torch.equal(c, copies[0]) for c in copies) else "NO"
-        print(f"{args.model}, {world_size} process(es), K = {K} micro-batches of {micro} "
-              f"per process: a global batch of {world_size * per_step}, {args.steps} steps, "
-              f"{device.type}/{backend}")
-        print(format_table(rows))
-        by_way = {row["way"]: row for row in rows}
-        ratio = by_way["every pass"]["values sent/step"] / by_way["no_sync"]["values sent/step"]
-        worst = max(float(row["max |diff| vs one process"]) for row in rows)
-        passed = worst <= args.tolerance and all(row["ranks agree"] == "yes" for row in rows)
-        verdict = "matches" if passed else "DOES NOT match"
-        print(f"check: no_sync sends {ratio:g} times less than every pass (K = {K}, "
-              f"{by_way['no_sync']['all-reduces/step']} against "
-              f"{by_way['every pass']['all-reduces/step']} all-reduces a step); every way "
-              f"{verdict} one process "
-              f"on the big batch within {args.tolerance:g}")
-        print(summary_line(world_size=world_size, accumulation=K, micro_batch=micro,
-                           allreduces_no_sync=by_way["no_sync"]["all-reduces/step"],
-                           allreduces_every_pass=by_way["every pass"]["all-reduces/step"],
-                           max_diff=f"{worst:.1e}", equivalent="yes" if passed else "no",
+        # Each rank's batches moved its own BatchNorm statistics: use rank 0's, as saved.
+        for buffer in model.module.buffers():
+            dist.broadcast(buffer, src=0)
+        # The plain model: its forward does no collectives, so shard sizes may differ.
+        counts = evaluate(model.module, val_loader, device)
+        dist.all_reduce(counts)  # correct and seen, summed over the ranks' shards
+        val_correct, val_seen = counts.tolist()
+        train_loss, val_acc = loss_sum / seen, val_correct / val_seen
+        if rank == 0:
+            print(f"epoch {epoch + 1}/{args.epochs}  loss {train_loss:.4f}  "
+                  f"train acc {correct / seen:.3f}  val acc {val_acc:.3f} "
+                  f"({int(val_seen)} images)  {time.perf_counter() - tick:.1f} s")
+
+    if rank == 0:  # one checkpoint, written once: every rank holds the same weights
+        os.makedirs(os.path.dirname(args.checkpoint) or ".", exist_ok=True)
+        torch.save({"model": model.module.state_dict(), "args": vars(args)}, args.checkpoint)
+        print(f"checkpoint: {args.checkpoint}")
+        print(summary_line(world_size=world_size, batch_per_process=batch_size,
+                           accumulation=K, micro_batch=micro_batch,
+                           global_batch=args.batch_size, epochs=args.epochs,
+                           train_loss=train_loss, val_acc=val_acc,
+                           samples_per_s=round(trained / max(train_seconds, 1e-9)),
                            wall_s=round(time.perf_counter() - started, 2)))
     dist.destroy_process_group()
-    if rank == 0 and not passed:
-        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -37,7 +37,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from ddpcourse.cli import ArgumentParser
 from ddpcourse.data import DATASETS, NUM_CLASSES, load_datasets
-from ddpcourse.grading import exercises_for_a_script
+from ddpcourse.exercises import exercises_for_a_script
 from ddpcourse.models import create_model
 from ddpcourse.report import format_table, summary_line
 from ddpcourse.runtime import fail, pick_device, world_of_one_unless_launched

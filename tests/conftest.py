@@ -9,10 +9,10 @@ import os
 
 os.environ["CUDA_VISIBLE_DEVICES"] = ""
 
-from ddpcourse.lessons import exercise_markers  # noqa: E402
+from ddpcourse.course.lessons import exercise_markers  # noqa: E402
 
 
 def pytest_configure(config):
-    # One marker per exercise, from the lessons' own lesson.toml (see ddpcourse/lessons.py).
+    # One marker per exercise, from the lessons' own lesson.toml (see ddpcourse/course/lessons.py).
     for marker, text in exercise_markers().items():
         config.addinivalue_line("markers", f"{marker}: {text}")

@@ -14,7 +14,6 @@ def _bracket_values(inside: str) -> list[str]:
         raise ValueError("an empty bracket []")
     values = []
     for part in inside.split(","):
-        part = part.strip()
         low, dash, high = part.partition("-")
         if not low.isdigit() or (dash and not high.isdigit()):
             raise ValueError(f"{part!r} is not a number or a range of numbers")

@@ -2,7 +2,7 @@
 
 Run them through `make grade` for a score table, or directly for one exercise:
     .venv/bin/pytest tests/grading -m l1_identity
-COURSE_IMPL / COURSE_SUBMISSION choose the code under test (see ddpcourse.grading).
+COURSE_IMPL / COURSE_SUBMISSION choose the code under test (see ddpcourse.course.grading).
 """
 
 import os
@@ -13,7 +13,7 @@ import pytest
 # Before any test makes a process group (some build DDP in this process): see the comment
 # on the import of torch.distributed.nn there.
 import ddpcourse.runtime  # noqa: F401
-from ddpcourse.grading import ScoreKeeper
+from ddpcourse.course.grading import ScoreKeeper
 
 # A test that sets no timeout of its own gets this many seconds: a student's endless loop
 # costs that exercise, not the whole grading run.

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from ddpcourse.launch import launch
+from ddpcourse.cluster.launch import launch
 
 WORKERS = Path(__file__).parent / "workers"
 _results: dict[str, subprocess.CompletedProcess] = {}

@@ -5,7 +5,7 @@ import os
 import pytest
 from jobs import Job, run_job
 
-from ddpcourse.grading import load_exercises
+from ddpcourse.exercises import load_exercises
 from ddpcourse.topology import Process
 
 # world size -> its job: two simulated nodes of two processes

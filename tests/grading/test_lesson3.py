@@ -13,7 +13,7 @@ import torch.nn as nn
 from jobs import Job, report_of, verdict, world_of_one
 from torch.utils.data import DistributedSampler, TensorDataset
 
-from ddpcourse.grading import load_exercises
+from ddpcourse.exercises import load_exercises
 
 # world size -> its job
 JOBS = {w: Job(f"lesson3_W{w}", "lesson3_ddp.py", nproc=w) for w in (2, 3)}

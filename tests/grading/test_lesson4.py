@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 from jobs import Job, run_job
 
-from ddpcourse.grading import load_exercises
+from ddpcourse.exercises import load_exercises
 
 # world size -> its job (4: two simulated nodes of two)
 JOBS = {2: Job("lesson4_W2", "lesson4_checks.py", nproc=2),

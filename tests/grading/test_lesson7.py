@@ -16,7 +16,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from jobs import Job, report_of, verdict, world_of_one
 
-from ddpcourse.grading import load_exercises
+from ddpcourse.exercises import load_exercises
 
 # world size -> its job
 JOBS = {w: Job(f"lesson7_W{w}", "lesson7_checks.py", nproc=w) for w in (2, 3)}

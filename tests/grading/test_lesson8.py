@@ -12,7 +12,7 @@ import torch.nn as nn
 from jobs import Job, report_of, verdict, world_of_one
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
-from ddpcourse.grading import load_exercises
+from ddpcourse.exercises import load_exercises
 
 # world size -> its job
 JOBS = {w: Job(f"lesson8_W{w}", "lesson8_parallel.py", nproc=w) for w in (2, 3)}

@@ -1,7 +1,7 @@
 """The course's own tests share each job and start their Python processes from a fork server.
 
 COURSE_JOB_CACHE: a lesson script's job with the same arguments runs once per session (see
-ddpcourse/launch.py). COURSE_FORKSERVER: a folder with stand-ins for `python` and `torchrun`
+tests/jobcache.py). COURSE_FORKSERVER: a folder with stand-ins for `python` and `torchrun`
 whose processes are forks of a server that has imported torch (see tests/forkserver.py).
 Set COURSE_FORKSERVER_OFF=1 to run every process with the real interpreter.
 """
@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from ddpcourse.launch import JOB_CACHE
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import forkserver  # noqa: E402
+import jobcache  # noqa: E402
+from jobcache import JOB_CACHE  # noqa: E402
 
 FORKSERVER = "COURSE_FORKSERVER"
 
@@ -31,6 +31,7 @@ def pytest_configure(config):
     if JOB_CACHE not in os.environ:  # one folder per test session, removed at its end
         config._course_job_cache = tempfile.mkdtemp(prefix="course-jobs-")
         os.environ[JOB_CACHE] = config._course_job_cache
+    jobcache.install()
     quick = config.getoption("markexpr", "") == "not slow"  # make test-fast: nothing to speed up
     if FORKSERVER not in os.environ and not os.environ.get("COURSE_FORKSERVER_OFF") and not quick:
         folder = tempfile.mkdtemp(prefix="course-forkserver-")

@@ -1,6 +1,6 @@
 """Every lesson is registered whole: a lesson half added (CONTRIBUTING.md's checklist) fails here.
 
-A lesson lives in lessons/lessonN/ and registers itself in its lesson.toml (ddpcourse/lessons.py
+A lesson lives in lessons/lessonN/ and registers itself in its lesson.toml (ddpcourse/course/lessons.py
 reads it); the README's syllabus names it. These tests read files only: they take seconds.
 """
 
@@ -11,7 +11,7 @@ import subprocess
 import pytest
 from util import ROOT
 
-from ddpcourse.lessons import all_lessons, all_targets, load_lesson
+from ddpcourse.course.lessons import all_lessons, all_targets, load_lesson
 
 FOLDERS = sorted(p for p in (ROOT / "lessons").glob("lesson*") if p.is_dir())
 LESSONS = all_lessons()

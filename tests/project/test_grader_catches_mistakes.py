@@ -25,9 +25,9 @@ from datetime import timedelta
 import pytest
 from util import PYTHON, ROOT, run
 
-from ddpcourse.grading import summarise
-from ddpcourse.launch import launch
-from ddpcourse.lessons import exercise_markers
+from ddpcourse.course.grading import summarise
+from ddpcourse.cluster.launch import launch
+from ddpcourse.course.lessons import exercise_markers
 
 pytestmark = pytest.mark.skipif(not (ROOT / "solutions").is_dir(),
                                 reason="this copy of the course has no solutions/")

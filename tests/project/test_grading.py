@@ -10,8 +10,8 @@ from xml.etree import ElementTree
 import pytest
 from util import PYTHON, ROOT, run
 
-from ddpcourse.grading import junit_address, run_grading, summarise
-from ddpcourse.lessons import exercise_markers
+from ddpcourse.course.grading import junit_address, run_grading, summarise
+from ddpcourse.course.lessons import exercise_markers
 
 # These are the instructor's checks of the grader itself; a student copy has no solutions.
 pytestmark = pytest.mark.skipif(not (ROOT / "solutions").is_dir(),
@@ -104,7 +104,7 @@ def test_crashing_hanging_and_exiting_code_scores_zero_and_grading_finishes(tmp_
     (submission / "exercises.py").write_text(
         "import sys, pathlib\nsys.path.insert(0, str(pathlib.Path(__file__).parent))\n"
         + BAD_SUBMISSION)
-    result = run([PYTHON, "-m", "ddpcourse.grading", "grade", "--lesson", "1",
+    result = run([PYTHON, "-m", "ddpcourse.course.grading", "grade", "--lesson", "1",
                   "--submission", str(tmp_path / "alice"), "--out", str(tmp_path / "out")],
                  env={"COURSE_TEST_TIMEOUT": "3"}, timeout=220)
     assert result.returncode == 0, result.stderr[-2000:]
@@ -148,7 +148,7 @@ def test_grading_a_class_writes_one_csv_row_per_student(tmp_path):
         "        raise ValueError('no such process')\n"
         "    return node_rank * procs_per_node + local_rank"))
     out_csv = tmp_path / "class.csv"
-    result = run([PYTHON, "-m", "ddpcourse.grading", "class", str(klass), "--lesson", "1",
+    result = run([PYTHON, "-m", "ddpcourse.course.grading", "class", str(klass), "--lesson", "1",
                   "--csv", str(out_csv), "--out", str(tmp_path / "runs")], timeout=230)
     assert result.returncode == 0, result.stderr[-2000:]
     rows = list(csv.DictReader(out_csv.open()))
@@ -161,12 +161,12 @@ def test_grading_a_class_writes_one_csv_row_per_student(tmp_path):
 
 
 def test_bad_grading_requests_are_one_line_errors(tmp_path):
-    result = run([PYTHON, "-m", "ddpcourse.grading", "grade", "--lesson", "99"], timeout=30)
+    result = run([PYTHON, "-m", "ddpcourse.course.grading", "grade", "--lesson", "99"], timeout=30)
     assert result.returncode != 0
     assert result.stderr.strip().splitlines()[-1].startswith("error: lesson 99 has no graded")
     empty = tmp_path / "empty"
     empty.mkdir()
-    result = run([PYTHON, "-m", "ddpcourse.grading", "class", str(empty)], timeout=30)
+    result = run([PYTHON, "-m", "ddpcourse.course.grading", "class", str(empty)], timeout=30)
     assert result.returncode == 2
     assert result.stderr.strip() == f"error: {empty} holds no submission folders"
 
@@ -183,10 +183,10 @@ def test_student_release_has_no_solutions_and_its_grader_runs(tmp_path):
     assert not (release / "tests" / "project" / "wrong_submissions").exists()
     assert (release / "lessons" / "lesson1" / "exercises.py").exists()
     assert not list(release.rglob("*solution*.py"))
-    graded = run([PYTHON, "-m", "ddpcourse.grading", "grade", "--lesson", "1"], cwd=release,
+    graded = run([PYTHON, "-m", "ddpcourse.course.grading", "grade", "--lesson", "1"], cwd=release,
                  timeout=100)
     assert graded.returncode == 0, graded.stderr[-2000:]
     assert re.search(r"TOTAL\s+0 / \d+", graded.stdout)
-    asked = run([PYTHON, "-m", "ddpcourse.grading", "grade", "--lesson", "1", "--impl",
+    asked = run([PYTHON, "-m", "ddpcourse.course.grading", "grade", "--lesson", "1", "--impl",
                  "solutions"], cwd=release, timeout=100)
     assert "has no solutions" in asked.stdout + asked.stderr

@@ -8,9 +8,9 @@ import pytest
 from util import PYTHON, ROOT, run
 
 from ddpcourse.cli import ArgumentParser
-from ddpcourse.launch import AgentFailureSummary, LaunchError, launch, torchrun_commands
+from ddpcourse.cluster.launch import AgentFailureSummary, LaunchError, launch, torchrun_commands
 
-# make's lesson rule runs `$(VPY) -m ddpcourse.lessons`, whose torchrun is the one beside that
+# make's lesson rule runs `$(VPY) -m ddpcourse.course.lessons`, whose torchrun is the one beside that
 # Python: here the fork server's stand-ins, so the job's processes do not import torch anew.
 MAKE_PYTHON = f"VPY={PYTHON}"
 
@@ -42,7 +42,7 @@ def test_port_in_use_is_a_clear_error():
         port = busy.getsockname()[1]
         with pytest.raises(LaunchError, match=f"port {port} is already in use"):
             launch("scripts/lesson1_whoami.py", nproc=1, port=port, echo=False)
-        result = run([PYTHON, "-m", "ddpcourse.launch", "--port", str(port),
+        result = run([PYTHON, "-m", "ddpcourse.cluster.launch", "--port", str(port),
                       "scripts/lesson1_whoami.py"], timeout=30)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
@@ -148,7 +148,7 @@ def test_whoami_without_torchrun_runs_as_a_world_of_one(tmp_path):
 
 def test_simulated_nodes_on_a_gpu_machine_get_their_own_gpus(tmp_path, monkeypatch, capsys):
     """Two simulated nodes x 2 processes on a 4-GPU box: node 0 sees GPUs 0,1 and node 1 2,3."""
-    import ddpcourse.launch as launcher
+    import ddpcourse.cluster.launch as launcher
 
     fake_torchrun = tmp_path / "torchrun"
     fake_torchrun.write_text('#!/bin/sh\necho "$2 CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES"\n')

@@ -15,7 +15,7 @@ import pytest
 from util import PYTHON, ROOT, run
 
 from ddpcourse.cli import split_batch
-from ddpcourse.launch import launch
+from ddpcourse.cluster.launch import launch
 
 
 def summary(stdout: str) -> dict[str, str]:

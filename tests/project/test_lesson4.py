@@ -21,7 +21,7 @@ from ddpcourse.collectives_draw import (
     starting_states,
     values,
 )
-from ddpcourse.launch import launch
+from ddpcourse.cluster.launch import launch
 
 
 def sections(stdout: str) -> dict[str, list[list[str]]]:

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from util import PYTHON, ROOT, run
 
-from ddpcourse import hosts as H
-from ddpcourse.launch import AgentErrorFilter, free_port, launch, torchrun_commands
+from ddpcourse.cluster import hosts as H
+from ddpcourse.cluster.launch import AgentFailureSummary, free_port, launch, torchrun_commands
 
 HOSTS_REASON = H.unavailable_reason()
 
@@ -55,12 +55,12 @@ def test_c10d_commands_are_the_same_on_every_node_with_no_node_rank():
 
 
 def test_an_unknown_rendezvous_is_one_line():
-    result = run([PYTHON, "-m", "ddpcourse.launch", "--check", "--rdzv", "etcd"], timeout=30)
+    result = run([PYTHON, "-m", "ddpcourse.cluster.launch", "--check", "--rdzv", "etcd"], timeout=30)
     assert result.returncode == 2
     assert result.stderr.splitlines() == [
         "error: RDZV='etcd' is not a rendezvous the course launches; use static (--node-rank, "
         "--master-addr, --master-port) or c10d"]
-    result = run([PYTHON, "-m", "ddpcourse.launch", "--check"], timeout=30, env={"RDZV": "x"})
+    result = run([PYTHON, "-m", "ddpcourse.cluster.launch", "--check"], timeout=30, env={"RDZV": "x"})
     assert result.returncode == 2 and "RDZV='x'" in result.stderr  # make passes RDZV=...
 
 
@@ -81,16 +81,17 @@ def test_the_failure_line_names_the_host_and_the_exception_of_the_error_file(tmp
         "message": "ValueError: bad\nbatch", "extraInfo": {"py_callstack": "...",
                                                           "timestamp": "1"}}}))
     lines = []
-    f = AgentErrorFilter(lines.append)
+    f = AgentFailureSummary(lines.append)
     for line in report_lines(str(error_file)):
         f.feed(line)
-    assert lines == [f"error: the job failed: rank 5 exited with code 1 first, on host node7: "
-                     f"ValueError: bad batch (error file: {error_file})\n"]
+    assert lines[:-1] == report_lines(str(error_file))  # torchrun's report, as it is
+    assert lines[-1] == (f"error: the job failed: rank 5 exited with code 1 first, on host "
+                         f"node7: ValueError: bad batch (error file: {error_file})\n")
     lines.clear()  # the file gone (another machine's disk): the traceback's last line
-    f = AgentErrorFilter(lines.append)
+    f = AgentFailureSummary(lines.append)
     for line in report_lines(str(tmp_path / "elsewhere.json")):
         f.feed(line)
-    assert "on host node7: ValueError: from the traceback (error file:" in lines[0]
+    assert "on host node7: ValueError: from the traceback (error file:" in lines[-1]
 
 
 # --- what torchrun hands each process -------------------------------------------------------

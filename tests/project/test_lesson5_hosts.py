@@ -20,8 +20,8 @@ import time
 import pytest
 from util import PYTHON, REAL_PYTHON, ROOT, run
 
-from ddpcourse import hosts as H
-from ddpcourse.hosts import Hosts, HostsError, parse_link, torchrun_command
+from ddpcourse.cluster import hosts as H
+from ddpcourse.cluster.hosts import Hosts, HostsError, parse_link, torchrun_command
 
 REASON = H.unavailable_reason()
 needs_hosts = pytest.mark.skipif(REASON is not None, reason=f"no separate hosts here: {REASON}")
@@ -182,16 +182,16 @@ def test_every_host_runs_the_same_torchrun_command():
     ([], "error: script missing.py does not exist"),
 ])
 def test_bad_input_is_one_line_before_anything_is_made(args, message):
-    result = run([PYTHON, "-m", "ddpcourse.hosts", "run", *args, "missing.py"], timeout=30)
+    result = run([PYTHON, "-m", "ddpcourse.cluster.hosts", "run", *args, "missing.py"], timeout=30)
     assert result.returncode == 2
     assert len(result.stderr.splitlines()) == 1 and result.stderr.startswith(message)
 
 
 def test_the_environment_gives_hosts_nproc_and_link():  # what make passes on
-    result = run([PYTHON, "-m", "ddpcourse.hosts", "run", "missing.py"], timeout=30,
+    result = run([PYTHON, "-m", "ddpcourse.cluster.hosts", "run", "missing.py"], timeout=30,
                  env={"HOSTS": "17", "NPROC": "2", "LINK": "1gbit"})
     assert result.stderr.startswith("error: HOSTS=17 is out of range")
-    result = run([PYTHON, "-m", "ddpcourse.hosts", "run", "missing.py"], timeout=30,
+    result = run([PYTHON, "-m", "ddpcourse.cluster.hosts", "run", "missing.py"], timeout=30,
                  env={"LINK": "1 gbit"})
     assert result.stderr.startswith("error: LINK='1 gbit' is not a link")
 
@@ -206,7 +206,7 @@ def test_without_ip_or_root_it_says_so_and_points_to_the_simulation(monkeypatch)
     assert reason.endswith("make lesson3 NNODES=2 NPROC=2")
     with pytest.raises(HostsError, match="CAP_SYS_ADMIN"):
         Hosts(2).__enter__()
-    result = run([PYTHON, "-m", "ddpcourse.hosts", "run", "scripts/lesson1_whoami.py"],
+    result = run([PYTHON, "-m", "ddpcourse.cluster.hosts", "run", "scripts/lesson1_whoami.py"],
                  timeout=30, env={"PATH": "/nonexistent"})  # no `ip` on this PATH
     assert result.returncode == 2
     assert result.stderr.splitlines() == [
@@ -215,7 +215,7 @@ def test_without_ip_or_root_it_says_so_and_points_to_the_simulation(monkeypatch)
     if os.geteuid() == 0 and H.shutil.which("setpriv"):  # really not root: user nobody
         # The real interpreter: as nobody, a stand-in could not exec it from /root.
         result = run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", REAL_PYTHON,
-                      "-m", "ddpcourse.hosts", "run", "scripts/lesson1_whoami.py"], timeout=30)
+                      "-m", "ddpcourse.cluster.hosts", "run", "scripts/lesson1_whoami.py"], timeout=30)
         assert result.returncode == 2
         assert result.stderr.splitlines() == [
             "error: separate hosts are Linux network namespaces, and creating them needs root "
@@ -264,7 +264,7 @@ def test_hosts_are_removed_when_the_body_raises_and_their_processes_stopped():
 CHILD = r"""
 import signal, time
 signal.signal(signal.SIGINT, signal.default_int_handler)
-from ddpcourse.hosts import Hosts
+from ddpcourse.cluster.hosts import Hosts
 with Hosts(2) as hosts:
     sleeper = hosts.popen(1, ["sleep", "60"])
     print(sleeper.pid, hosts.switch, *hosts.names, flush=True)
@@ -301,7 +301,7 @@ def test_cleanup_stale_removes_what_a_run_killed_with_9_left_and_nothing_else():
         child.kill()
         child.wait(timeout=10)
         assert set(names) <= set(H.list_namespaces()) and not gone(sleeper)  # kill -9 leaks
-        result = run([PYTHON, "-m", "ddpcourse.hosts", "cleanup-stale"], timeout=60)
+        result = run([PYTHON, "-m", "ddpcourse.cluster.hosts", "cleanup-stale"], timeout=60)
         assert result.returncode == 0, result.stderr
         assert f"removed {len(names)} stale namespace(s)" in result.stdout
         assert not set(names) & set(H.list_namespaces())
@@ -432,7 +432,7 @@ def summary(stdout: str) -> dict[str, str]:
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_the_benchmark_runs_across_two_hosts_from_the_command_line():
-    result = run([PYTHON, "-m", "ddpcourse.hosts", "run", "--hosts", "2", "--link", "100mbit",
+    result = run([PYTHON, "-m", "ddpcourse.cluster.hosts", "run", "--hosts", "2", "--link", "100mbit",
                   "--timeout", "180", "scripts/lesson5_allreduce_hosts.py", "--max-bytes", "1M"],
                  timeout=220, env={"CUDA_VISIBLE_DEVICES": ""})
     assert result.returncode == 0, result.stdout + result.stderr
@@ -459,7 +459,7 @@ def test_the_benchmark_runs_across_two_hosts_from_the_command_line():
 def test_lesson3_trains_the_same_on_two_hosts_as_on_one(tmp_path):
     import torch
 
-    from ddpcourse.launch import launch
+    from ddpcourse.cluster.launch import launch
 
     args = ["--epochs", "1"]
     across = launch_hosts_or_fail(args + ["--checkpoint", str(tmp_path / "hosts.pt")])

@@ -1,4 +1,4 @@
-"""Lesson 5: SLURM, tested against a real one (ddpcourse.slurm on the hosts of ddpcourse.hosts).
+"""Lesson 5: SLURM, tested against a real one (ddpcourse.cluster.slurm on the hosts of ddpcourse.cluster.hosts).
 
 Without root or SLURM: the batch scripts with a stand-in srun and scontrol (the exact torchrun
 and srun commands they build), the cluster's configuration, and the one-line errors. With
@@ -23,8 +23,8 @@ from types import SimpleNamespace
 import pytest
 from util import PYTHON, ROOT, run
 
-from ddpcourse import hosts as H
-from ddpcourse import slurm as S
+from ddpcourse.cluster import hosts as H
+from ddpcourse.cluster import slurm as S
 
 REASON = S.unavailable_reason()
 needs_slurm = pytest.mark.skipif(REASON is not None, reason=f"no SLURM cluster here: {REASON}")
@@ -144,10 +144,10 @@ def test_run_splits_our_options_from_sbatch_options_and_the_script():
     (["--hosts", "0", TORCHRUN_SBATCH], "error: HOSTS=0 is out of range"),
     (["--nproc", "x", TORCHRUN_SBATCH], "error: NPROC='x' is not a whole number"),
     (["missing.sbatch"], "error: batch script missing.sbatch does not exist"),
-    ([], "usage: python -m ddpcourse.slurm run"),
+    ([], "usage: python -m ddpcourse.cluster.slurm run"),
 ])
 def test_bad_input_is_reported_before_anything_is_made(args, message):
-    result = run([PYTHON, "-m", "ddpcourse.slurm", "run", *args], timeout=30)
+    result = run([PYTHON, "-m", "ddpcourse.cluster.slurm", "run", *args], timeout=30)
     assert result.returncode == 2
     assert result.stderr.startswith(message), result.stderr
     assert result.stderr.count("error") == 1
@@ -165,7 +165,7 @@ def test_without_slurm_or_root_it_says_what_to_do(monkeypatch, capsys, tmp_path)
             "munge)"]
     if os.geteuid() == 0 and H.shutil.which("setpriv"):  # really not root: user nobody
         result = run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", PYTHON,
-                      "-m", "ddpcourse.slurm", "run", TORCHRUN_SBATCH], timeout=30)
+                      "-m", "ddpcourse.cluster.slurm", "run", TORCHRUN_SBATCH], timeout=30)
         assert result.returncode == 2
         assert result.stderr.splitlines() == [
             "error: separate hosts are Linux network namespaces, and creating them needs root "
@@ -212,7 +212,7 @@ def jobs(tmp_path_factory):
         seen.names = [*cluster.hosts.names, cluster.hosts.switch]
         seen.folder = cluster.folder
         # the second cluster, while this one is up: the same addresses, ports and node names
-        cli = subprocess.Popen([PYTHON, "-m", "ddpcourse.slurm", "run", "--hosts", "3",
+        cli = subprocess.Popen([PYTHON, "-m", "ddpcourse.cluster.slurm", "run", "--hosts", "3",
                                 "--timeout", "60", str(trivial)], cwd=ROOT, text=True,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         try:
@@ -337,7 +337,7 @@ def test_ctrl_c_while_a_job_runs_removes_the_cluster(tmp_path):
     script.write_text("#!/bin/sh\necho started\nsleep 60\n")
     # SIGINT as a terminal would deliver it: a test run started in the background by a
     # shell inherits SIGINT ignored, and so would this child.
-    child = subprocess.Popen([PYTHON, "-m", "ddpcourse.slurm", "run", str(script)], cwd=ROOT,
+    child = subprocess.Popen([PYTHON, "-m", "ddpcourse.cluster.slurm", "run", str(script)], cwd=ROOT,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                              env=dict(os.environ, PYTHONFAULTHANDLER="1"),
                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))

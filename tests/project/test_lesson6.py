@@ -9,7 +9,7 @@ import pytest
 import torch
 from util import PYTHON, run, share_of_lines_kept
 
-from ddpcourse.launch import launch
+from ddpcourse.cluster.launch import launch
 
 
 @pytest.mark.slow

@@ -14,7 +14,7 @@ import re
 import pytest
 from util import PYTHON, ROOT, run
 
-from ddpcourse.launch import launch
+from ddpcourse.cluster.launch import launch
 from ddpcourse.speed_draw import (
     draw_loader,
     draw_memory,

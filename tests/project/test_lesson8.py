@@ -14,7 +14,7 @@ import re
 import pytest
 from util import PYTHON, ROOT, run, share_of_lines_kept
 
-from ddpcourse.launch import launch
+from ddpcourse.cluster.launch import launch
 from ddpcourse.sharding import fingerprint, fsdp_rows, predict, transformer_shapes, zero_owners
 
 MARGIN = 0.001  # lesson8_memory.py's stated margin: 0.1 % of a rank's total

@@ -4,10 +4,11 @@ import os
 import time
 
 import pytest
+from jobcache import JOB_CACHE, shared_job_cache
 from util import PYTHON, ROOT, run
 
-from ddpcourse.launch import JOB_CACHE, launch, shared_job_cache
-from ddpcourse.lessons import Step, Target, run_target
+from ddpcourse.cluster.launch import launch
+from ddpcourse.course.lessons import Step, Target, run_target
 
 
 def script(tmp_path, name, body):
@@ -35,10 +36,10 @@ def test_steps_run_in_order_drills_may_fail_and_other_failures_stop(tmp_path, ca
 
 
 def test_unknown_target_and_bad_args_are_one_line_errors():
-    result = run([PYTHON, "-m", "ddpcourse.lessons", "run", "lesson99"], timeout=30)
+    result = run([PYTHON, "-m", "ddpcourse.course.lessons", "run", "lesson99"], timeout=30)
     assert result.returncode == 2
     assert result.stderr.strip() == "error: no lesson registers a target 'lesson99'"
-    result = run([PYTHON, "-m", "ddpcourse.lessons", "run", "lesson1", "--args", "'open"],
+    result = run([PYTHON, "-m", "ddpcourse.course.lessons", "run", "lesson1", "--args", "'open"],
                  timeout=30)
     assert result.returncode == 2 and result.stderr.startswith("error: ARGS=")
 

@@ -85,7 +85,7 @@ def grade_each_submission(run_checks, description: str) -> None:
 def exercises_or_error(lesson: int):
     """(the graded module, None), or (None, why it could not be imported): a submission that
     fails to import fails every check of the job, each with that one line."""
-    from ddpcourse.grading import load_exercises
+    from ddpcourse.exercises import load_exercises
 
     try:
         return load_exercises(lesson), None

@@ -22,9 +22,9 @@ from common import (
     submissions_to_grade,
 )
 
-from ddpcourse.grading import load_exercises
+from ddpcourse.exercises import load_exercises
 
-GPUS_PER_NODE = 4
+GPUS_PER_NODE = 6  # 3 per process, unlike the 2 processes per node: neither stands in for the other
 LOCAL_WORLD = int(os.environ["LOCAL_WORLD_SIZE"])
 
 

@@ -1,36 +1,51 @@
 """Run under `torchrun --max-restarts=K` by the lesson 6 grading tests: capture_state and
 restore_state, graded by a kill.
 
-For each submission, in order, the job trains a small DDP model (dropout from torch's
-global generator, input noise from a per-rank generator, SGD with momentum, a cosine
-schedule) three times over its data:
-  reference  never interrupted; its final weights are the answer;
+The job trains a small DDP model that has everything a snapshot can forget: BatchNorm's
+running statistics (buffers that change every step), dropout (torch's global generator),
+input noise from a per-rank torch.Generator, augmentation choices from Python's `random`
+(a sign flip per sample) and NumPy's global generator (a scale per sample), SGD with momentum
+and a cosine schedule. Three kinds of run over the same data:
+  reference  never interrupted; its final weights and buffers are the answer (once per job);
   drill      every rank writes its own snapshot (capture_state, torch.save) every
-             SNAPSHOT_EVERY steps; at KILL_STEP the last rank sends itself SIGKILL;
-  resume     torchrun restarts every worker; each reloads its snapshot (torch.load,
-             restore_state) and trains to the end.
-The worker then prints `resume: ok, bit-identical at W ranks` or `resume: FAILED: ...`.
-Work in progress lives in --work (one folder per submission), so a restarted job knows where
-it was. The positions each rank trains come from the grader's own copy of the sampler
+             SNAPSHOT_EVERY steps and trains on to KILL_STEP (once per submission);
+  resume     after the kill: each rank reloads its snapshot (torch.load with
+             weights_only=False, restore_state) and trains to the end (once per submission).
+When every submission's drill has reached KILL_STEP, the last rank sends itself SIGKILL and
+torchrun restarts every worker: one kill and one restart per job, however many submissions
+it grades. The restarted job resumes each submission in turn and prints, per submission,
+`resume: ok, bit-identical at W ranks` or `resume: FAILED: ...`.
+Work in progress lives in --work (a folder per submission), so a restarted job knows where it
+was. The positions each rank trains come from the grader's own copy of the sampler
 arithmetic, so a mistake in resume_indices does not cost this exercise.
 """
 
 import argparse
 import os
+import random
 import signal
 from datetime import timedelta
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.distributed as dist
-from common import RANK, WORLD, one_line, select_submission, submissions_to_grade
+from common import (
+    RANK,
+    WORLD,
+    exercises_or_error,
+    one_line,
+    select_submission,
+    submissions_to_grade,
+)
 from torch.nn.parallel import DistributedDataParallel as DDP
-
-from ddpcourse.grading import load_exercises
 
 SAMPLES, GLOBAL_BATCH, EPOCHS = 96, 24, 3   # 4 steps per epoch, 12 in all
 SNAPSHOT_EVERY, KILL_STEP = 3, 8            # killed mid-epoch 2, after the snapshot at 6
-RESTART = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+ATTEMPTS = 2    # a submission whose code ends the job this often is failed, not tried again
+DATA = torch.Generator().manual_seed(7)
+INPUTS = torch.randn(SAMPLES, 8, generator=DATA)
+LABELS = torch.randint(0, 4, (SAMPLES,), generator=DATA)
 
 
 def positions(epoch: int, start: int) -> list[int]:
@@ -41,18 +56,24 @@ def positions(epoch: int, start: int) -> list[int]:
 
 
 def build():
+    """A fresh model, optimizer, schedule and generators, seeded as a training script does."""
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Dropout(0.3),
-                                torch.nn.Linear(32, 4))
+    random.seed(200 + RANK)
+    np.random.seed(300 + RANK)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.BatchNorm1d(32),
+                                torch.nn.ReLU(), torch.nn.Dropout(0.3), torch.nn.Linear(32, 4))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.2, momentum=0.9)
     scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=EPOCHS * 4)
     noise = torch.Generator().manual_seed(100 + RANK)
     return model, optimizer, scheduler, noise
 
 
-DATA = torch.Generator().manual_seed(7)
-INPUTS = torch.randn(SAMPLES, 8, generator=DATA)
-LABELS = torch.randint(0, 4, (SAMPLES,), generator=DATA)
+def augment(inputs: torch.Tensor, noise: torch.Generator) -> torch.Tensor:
+    """Every generator a real input pipeline draws from, each shaping the batch."""
+    flips = torch.tensor([-1.0 if random.random() < 0.5 else 1.0 for _ in range(len(inputs))])
+    scales = torch.from_numpy(np.random.uniform(0.8, 1.2, size=len(inputs))).float()
+    noisy = inputs + 0.1 * torch.randn(inputs.shape, generator=noise)
+    return noisy * (flips * scales)[:, None]
 
 
 def agree(ok: bool) -> bool:
@@ -71,6 +92,8 @@ def train(ex, folder: Path, kind: str) -> str | None:
     if kind == "resume":
         problem = None
         try:
+            # Our own file, written by this job: NumPy's generator state needs the full
+            # unpickler, which weights_only=True refuses.
             state = torch.load(mine, map_location="cpu", weights_only=False)
             progress = ex.restore_state(state, model, optimizer, scheduler, noise)
             epoch, start, step = (int(progress[k]) for k in ("epoch", "start", "step"))
@@ -83,8 +106,8 @@ def train(ex, folder: Path, kind: str) -> str | None:
         per_rank = GLOBAL_BATCH // WORLD
         for i in range(0, len(batch_positions), per_rank):
             chunk = batch_positions[i:i + per_rank]
-            inputs = INPUTS[chunk] + 0.1 * torch.randn(len(chunk), 8, generator=noise)
-            loss = torch.nn.functional.cross_entropy(ddp(inputs), LABELS[chunk])
+            loss = torch.nn.functional.cross_entropy(ddp(augment(INPUTS[chunk], noise)),
+                                                     LABELS[chunk])
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
@@ -103,12 +126,7 @@ def train(ex, folder: Path, kind: str) -> str | None:
                 if not agree(problem is None):
                     return problem or "another rank's capture_state failed"
             if kind == "drill" and step == KILL_STEP:
-                dist.barrier()  # every snapshot of step 6 is written
-                (folder / "killed").write_text(str(step))
-                dist.barrier()
-                if RANK == WORLD - 1:
-                    os.kill(os.getpid(), signal.SIGKILL)  # torchrun restarts the whole job
-                dist.barrier()  # the others wait here until torchrun stops them
+                return None  # what this process still holds dies with it in the kill
             if start == 0:
                 break
     if RANK == 0:
@@ -117,18 +135,45 @@ def train(ex, folder: Path, kind: str) -> str | None:
     return None
 
 
-def verdict(folder: Path) -> str:
+def verdict(work: Path, folder: Path) -> str:
     if (folder / "problem").exists():
         return "resume: FAILED: " + (folder / "problem").read_text()
-    reference = torch.load(folder / "reference_final.pt", weights_only=False)
+    reference = torch.load(work / "reference_final.pt", weights_only=False)
     resumed = torch.load(folder / "resume_final.pt", weights_only=False)
     differing = [k for k in reference if not torch.equal(reference[k], resumed[k])]
     if differing:
         biggest = max((reference[k] - resumed[k]).abs().max().item() for k in differing)
-        return (f"resume: FAILED: after the kill the final weights differ from the run that "
-                f"never stopped ({len(differing)} of {len(reference)} tensors, by up to "
-                f"{biggest:.2e}): something that shapes training was not captured or restored")
+        return (f"resume: FAILED: after the kill the final weights and buffers differ from the "
+                f"run that never stopped ({len(differing)} of {len(reference)} tensors, "
+                f"{', '.join(differing[:4])}, by up to {biggest:.2e}): something that shapes "
+                f"training was not captured or restored")
     return f"resume: ok, bit-identical at {WORLD} ranks"
+
+
+def one_attempt_more(folder: Path, phase: str) -> bool:
+    """Counts this rank's attempts at `phase` of a submission; False once ATTEMPTS ran before
+    (the submission's own code ended the job each time: a restart came in the middle)."""
+    counter = folder / f"{phase}_attempts_rank{RANK}"
+    tried = int(counter.read_text()) if counter.exists() else 0
+    counter.write_text(str(tried + 1))
+    return agree(tried < ATTEMPTS)
+
+
+def run_one(submission: str | None, folder: Path, phase: str) -> None:
+    """The drill or the resume of one submission; a problem goes to folder/problem."""
+    if submission:
+        os.environ["COURSE_SUBMISSION"] = submission
+    if not one_attempt_more(folder, phase):
+        problem = f"the job died during the {phase} {ATTEMPTS} times, in the submission's code"
+    else:
+        ex, problem = exercises_or_error(6)
+        if agree(problem is None):
+            problem = train(ex, folder, phase)
+        else:
+            problem = problem or "another rank could not import the exercises"
+    if RANK == 0 and problem:
+        (folder / "problem").write_text(problem)
+    dist.barrier()
 
 
 def main():
@@ -137,24 +182,34 @@ def main():
     parser.add_argument("--work", required=True, help="a folder for the runs' files")
     args = parser.parse_args()
     dist.init_process_group("gloo", timeout=timedelta(seconds=60))
-    for i, submission in enumerate(submissions_to_grade(args.submissions)):
-        folder = Path(args.work) / str(i)
+    work = Path(args.work)
+    folders = [(submission, work / str(i))
+               for i, submission in enumerate(submissions_to_grade(args.submissions))]
+    for _, folder in folders:
         folder.mkdir(parents=True, exist_ok=True)
+    if not (work / "killed").exists():
+        if not (work / "reference_final.pt").exists():
+            train(None, work, "reference")
+        for submission, folder in folders:
+            if not (folder / "drilled").exists() and not (folder / "problem").exists():
+                run_one(submission, folder, "drill")
+                if RANK == 0:
+                    (folder / "drilled").write_text("1")
+                dist.barrier()
+        if RANK == 0:
+            (work / "killed").write_text(str(KILL_STEP))
+        dist.barrier()
+        if RANK == WORLD - 1:
+            os.kill(os.getpid(), signal.SIGKILL)  # torchrun restarts the whole job
+        dist.barrier()  # the others wait here until torchrun stops them
+    for submission, folder in folders:
         if (folder / "done").exists():
             continue
-        if RESTART == 0 or not (folder / "killed").exists():
-            select_submission(submission)  # prints the submission's header once
-        elif submission:
-            os.environ["COURSE_SUBMISSION"] = submission
-        ex = load_exercises(6)
-        if (folder / "killed").exists():
-            problem = train(ex, folder, "resume")
-        else:
-            problem = train(ex, folder, "reference") or train(ex, folder, "drill")
+        if not (folder / "problem").exists():
+            run_one(submission, folder, "resume")
+        select_submission(submission)  # the submission's header, then its one line
         if RANK == 0:
-            if problem:
-                (folder / "problem").write_text(problem)
-            print(verdict(folder), flush=True)
+            print(verdict(work, folder), flush=True)
             (folder / "done").write_text("1")
         dist.barrier()
     dist.destroy_process_group()

@@ -1,29 +1,43 @@
 """Run under torchrun by the lesson 7 grading tests: checks the graded code in a real job.
 
+Every check also runs in sub-groups: the ranks split into the even and the odd ones ({0}
+and {1} of 2: every rank in a group of one; {0, 2} and {1} of 3), each group running the
+graded code at the same time, so code that talks to the whole world instead of its group
+gets numbers mixed from both (and no rank waits for a group it is not in).
+
 bucketed: BucketedAllReduce averages the gradients of a plain model for two SGD steps, at
-two bucket caps (and, on 3 or more ranks, inside a group of ranks 0 and 1), next to DDP
-training a copy of the model on the same data. While it runs the worker notes every
-collective the rank starts (traffic.py's dispatch mode), when (during backward or in
-finish) and how many gradients were still to come then, and every Work.wait() call.
-  bucketed_result   after finish() the gradients equal DDP's, step after step;
-  bucketed_buckets  one all-reduce per bucket per step, of exactly the buckets'
-                    sizes (bucket_assignment's rule), none bigger than the cap;
+two bucket caps in the world group and at one in each sub-group, next to DDP training a
+copy of the model on the same data. While it runs the worker notes every collective the
+rank starts (traffic.py's dispatch mode: its bytes and its group), when (during backward
+or in finish) and how many gradients were still to come then, and every wait for one.
+  bucketed_result   after finish() the gradients equal DDP's (the mean over the group),
+                    step after step;
+  bucketed_buckets  one all-reduce per bucket per step, on the group given, of exactly
+                    the buckets' BYTES (bucket_assignment's rule on float32 gradients: a
+                    bucket sent as float64 is twice its size), none bigger than the cap;
   bucketed_overlap  every all-reduce started during backward with async_op=True, all but
                     the last while gradients were still to come, none waited for until
                     backward was over.
-sync_bn: every rank normalises its own batch (of a size that differs from rank to rank)
-with sync_batch_norm, twice, (N, C, H, W) then (N, C); the reference is F.batch_norm on
-all the ranks' batches concatenated.
+  The mechanism counts only with the right gradients.
+sync_bn: every rank normalises its own batch (of a size that differs from rank to rank,
+a single sample on rank 0 once) with sync_batch_norm: (N, C, H, W) then (N, C) in the world
+group, then (N, C, L) in the sub-groups, with eps and momentum other than the defaults.
+Channel 0 is spread widely, channel 1 has a variance near eps (so where eps goes shows)
+and channel 2 is constant (variance 0: eps alone keeps 1 / sqrt(var + eps) finite). The
+reference is F.batch_norm on the group's batches concatenated.
   sync_bn_forward   the outputs;
   sync_bn_backward  the input's gradient, and this rank's share of weight's and bias's;
   sync_bn_running   the running mean and the running (unbiased) variance;
-  sync_bn_traffic   forward and backward each communicate O(channels) values: at most
-                    4 (C + 1) W per rank, whatever the batch (and the forward is right).
+  sync_bn_traffic   forward and backward each communicate O(channels) bytes: at most
+                    16 (C + 1) x the group's ranks, whatever the batch, and only on the
+                    group given (and forward and backward are right).
 accumulate: accumulation_step trains a DDP model for two optimizer steps of K = 3
 micro-batches per rank; the reference is one process on each step's big batch.
   accumulate_result     the parameters equal the reference's, on every rank;
   accumulate_allreduce  each step all-reduced the parameters' worth of gradient values
-                        once: not K times (no no_sync), not zero times.
+                        once: not K times (no no_sync), not zero times;
+  accumulate_loss       each step returned this rank's mean of its K micro-batches'
+                        losses, computed with the parameters the step started from.
 
 Each check runs in a process group of its own (common.py). Rank 0 prints one line per
 verdict: `<name>: ok on W ranks ...` or `<name>: FAILED: ...`. --submissions A,B,...

@@ -7,8 +7,8 @@ DDP's gradient hooks), it ends up calling one of torch's dispatcher operators in
 namespaces: c10d::allreduce_, c10d::send, _c10d_functional::all_reduce, ... So that is
 where the workers look:
 
-- Traffic(): records every such operator this thread calls (a message's peer and bytes,
-  a collective's elements);
+- Traffic(): records every such operator this thread calls (a message's peer and bytes;
+  a collective's elements, bytes and the ranks of the group it ran on);
 - collectives_refused(): every such operator except send, recv and barrier raises, in
   every thread, until the block ends.
 
@@ -23,6 +23,7 @@ from contextlib import contextmanager
 from typing import NamedTuple
 
 import torch
+import torch.distributed as dist
 from torch._C._distributed_c10d import Backend
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -46,6 +47,30 @@ class Message(NamedTuple):
 class Collective(NamedTuple):
     op: str            # e.g. "c10d::allreduce_"
     numel: int         # elements of the tensors it was given
+    nbytes: int = 0    # their bytes: a float64 tensor is twice a float32 one of equal numel
+    ranks: tuple[int, ...] | None = None  # global ranks of its group; None: not known
+
+
+def group_ranks(func, args, kwargs) -> tuple[int, ...] | None:
+    """The global ranks of the process group a c10d operator was called on: a ProcessGroup
+    argument (the c10d ops) or a group's name (torch's functional collectives)."""
+    given = {spec.name: value for spec, value in zip(func._schema.arguments, args,
+                                                     strict=False)} | (kwargs or {})
+    for name in ("process_group", "group_name"):
+        if name not in given:
+            continue
+        value = given[name]
+        try:
+            if isinstance(value, str):
+                # Private, but the one way from a functional collective's group name back
+                # to its group.
+                group = dist.distributed_c10d._resolve_process_group(value)
+            else:
+                group = dist.ProcessGroup.unbox(value)
+            return tuple(dist.get_process_group_ranks(group))
+        except Exception:  # a group the registry does not know (or a destroyed one)
+            return None
+    return None
 
 
 def tensors_in(value):
@@ -78,7 +103,9 @@ class Traffic(TorchDispatchMode):
                 self.messages.append(Message(MESSAGES[name], peer, numel,
                                              sum(t.numel() * t.element_size() for t in tensors)))
             elif name not in HARMLESS:
-                self.collectives.append(Collective(name, numel))
+                self.collectives.append(Collective(
+                    name, numel, sum(t.numel() * t.element_size() for t in tensors),
+                    group_ranks(func, args, kwargs)))
         return func(*args, **(kwargs or {}))
 
     def sent(self) -> list[Message]:

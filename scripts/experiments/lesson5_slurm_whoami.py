@@ -1,7 +1,7 @@
 """Lesson 5: who am I, when srun starts every process itself (no torchrun).
 
     sbatch scripts/lesson5_slurm_srun.sbatch                       # on a SLURM cluster
-    python -m ddpcourse.slurm run scripts/lesson5_slurm_srun.sbatch  # a throw-away one here
+    python -m ddpcourse.cluster.slurm run scripts/lesson5_slurm_srun.sbatch  # a throw-away one here
 
 srun tells each process who it is in its own variables. This script copies them into the
 ones init_process_group's env:// method reads (the batch script sets MASTER_ADDR and
@@ -49,7 +49,7 @@ def main():
     started = time.perf_counter()
 
     if not world_of_one_unless_launched("sbatch scripts/lesson5_slurm_srun.sbatch  (or: "
-                                        "python -m ddpcourse.slurm run "
+                                        "python -m ddpcourse.cluster.slurm run "
                                         "scripts/lesson5_slurm_srun.sbatch)"):
         launcher = "none"
     if "MASTER_ADDR" not in os.environ or "MASTER_PORT" not in os.environ:

@@ -3,7 +3,7 @@
     make bench-hosts LINK=1gbit                 # prints, then runs, one command per host:
     ip netns exec <host k> torchrun --nnodes=2 --nproc-per-node=1 --rdzv-backend=c10d \
         --rdzv-endpoint=10.213.0.1:29400 --rdzv-id=<run> scripts/lesson5_allreduce_hosts.py
-    python -m ddpcourse.hosts run --hosts 2 --link "200mbit" scripts/lesson5_allreduce_hosts.py
+    python -m ddpcourse.cluster.hosts run --hosts 2 --link "200mbit" scripts/lesson5_allreduce_hosts.py
 
 Times dist.all_reduce of float32 tensors from 1 KB to --max-bytes, with gloo on the CPU: its
 bytes go through TCP sockets on each host's eth0, so a shaped link slows them down. (nccl
@@ -21,7 +21,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from ddpcourse.cli import ArgumentParser, byte_count, human
-from ddpcourse.hosts import LINK_ENV, HostsError, parse_link
+from ddpcourse.cluster.hosts import LINK_ENV, HostsError, parse_link
 
 parser = ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--min-bytes", type=byte_count, default=byte_count("1K"))
@@ -29,7 +29,7 @@ parser.add_argument("--max-bytes", type=byte_count, default=byte_count("64M"),
                     help="largest message (default 64M; 1M makes a quick run)")
 parser.add_argument("--link", default=os.environ.get(LINK_ENV, ""),
                     help=f"the link's nominal rate, e.g. 1gbit (default: ${LINK_ENV}, which "
-                         "ddpcourse.hosts sets from LINK)")
+                         "ddpcourse.cluster.hosts sets from LINK)")
 parser.add_argument("--json", default="", help="where rank 0 writes its numbers")
 parser.add_argument("--timeout", type=float, default=300, help="process-group timeout, seconds")
 args = parser.parse_args()
@@ -42,7 +42,7 @@ try:
 except HostsError as error:
     parser.error(str(error))
 if "RANK" not in os.environ:
-    parser.error("start it on several hosts: make bench-hosts (or python -m ddpcourse.hosts "
+    parser.error("start it on several hosts: make bench-hosts (or python -m ddpcourse.cluster.hosts "
                  "run --hosts 2 scripts/lesson5_allreduce_hosts.py)")
 
 import torch

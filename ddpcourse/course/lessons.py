@@ -5,14 +5,14 @@ figures, and its graded exercises (one pytest marker each). The Makefile, the fi
 pytest's marker list and the course's own tests all read it from here, so adding a lesson
 touches only that lesson's files (CONTRIBUTING.md has the checklist).
 
-    python -m ddpcourse.lessons targets [--bench]   the make targets, for the Makefile
-    python -m ddpcourse.lessons help                one line per target, for `make help`
-    python -m ddpcourse.lessons run TARGET --nproc 2 --nnodes 1 --port '' --timeout 600
+    python -m ddpcourse.course.lessons targets [--bench]   the make targets, for the Makefile
+    python -m ddpcourse.course.lessons help                one line per target, for `make help`
+    python -m ddpcourse.course.lessons run TARGET --nproc 2 --nnodes 1 --port '' --timeout 600
                                            --backend '' --args '--epochs 1'
 
-A step is "torchrun SCRIPT ARGS..." (started by ddpcourse.launch on NPROC x NNODES) or
+A step is "torchrun SCRIPT ARGS..." (started by ddpcourse.cluster.launch on NPROC x NNODES) or
 "python SCRIPT ARGS..." (one process); "{world}" in a step becomes NPROC x NNODES. Like
-ddpcourse.launch, this module uses only the standard library: it runs before .venv exists.
+ddpcourse.cluster.launch, this module uses only the standard library: it runs before .venv exists.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 LESSONS = ROOT / "lessons"
 MARKER = re.compile(r"^l(\d+)_[a-z0-9_]+$")
 
@@ -164,7 +164,7 @@ def stop(child: subprocess.Popen, sig, grace: float = 15.0) -> None:
 
 def run_target(target: Target, nproc: str, nnodes: str, port: str, timeout: str,
                backend: str, extra: list[str]) -> int:
-    from ddpcourse import launch
+    from ddpcourse.cluster import launch
 
     opts = ["--nproc", nproc, "--nnodes", nnodes, "--port", port, "--timeout", timeout,
             "--backend", backend]

@@ -5,7 +5,7 @@
     python scripts/lesson5_drills.py --list              # the drills and what each does
 
 Each drill starts real torchrun agents (simulated nodes on 127.0.0.1, or hosts that are
-really separate: network namespaces, ddpcourse.hosts), with one mistake planted, and short
+really separate: network namespaces, ddpcourse.cluster.hosts), with one mistake planted, and short
 timeouts so that nothing waits for long:
 
     --rdzv-conf timeout=T        static launch: how long an agent waits for the store and its
@@ -39,9 +39,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ddpcourse import hosts as H
+from ddpcourse.cluster import hosts as H
 from ddpcourse.cli import ArgumentParser
-from ddpcourse.launch import default_torchrun, free_port, run_commands
+from ddpcourse.cluster.launch import default_torchrun, free_port, run_commands
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV_SCRIPT = "scripts/lesson5_env.py"
@@ -90,7 +90,7 @@ def shown(command: list[str], env: dict[str, str]) -> str:
 
 def agents(outcome: Outcome, commands: list[list[str]], settings: Settings,
            envs: list[dict[str, str]] | None = None) -> Outcome:
-    """Run the agents together (ddpcourse.launch.run_commands: the first to fail, or the
+    """Run the agents together (ddpcourse.cluster.launch.run_commands: the first to fail, or the
     wall-clock limit, stops them all) and record what they printed."""
     envs = envs or [{} for _ in commands]
     outcome.commands += [shown(cmd, dict(DRILL_ENV, **env))

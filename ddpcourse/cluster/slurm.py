@@ -1,16 +1,16 @@
 """A real SLURM cluster on the course's own hosts, for one run: submit a batch script to it.
 
-    python -m ddpcourse.slurm run [--hosts 2] [--nproc P] [--timeout S] [SBATCH_OPTIONS] FILE [ARGS]
-    python -m ddpcourse.slurm check             # can this machine run the cluster? (exit 0 or 2)
-    python -m ddpcourse.slurm cleanup-stale     # what a run killed with -9 left behind
+    python -m ddpcourse.cluster.slurm run [--hosts 2] [--nproc P] [--timeout S] [SBATCH_OPTIONS] FILE [ARGS]
+    python -m ddpcourse.cluster.slurm check             # can this machine run the cluster? (exit 0 or 2)
+    python -m ddpcourse.cluster.slurm cleanup-stale     # what a run killed with -9 left behind
 
-`run` makes the hosts of ddpcourse.hosts, starts SLURM's own daemons on them, submits FILE
+`run` makes the hosts of ddpcourse.cluster.hosts, starts SLURM's own daemons on them, submits FILE
 with `sbatch --wait` from host 0 (as a student would from a cluster's login node), shows the
 job's output file as it grows, removes everything and exits with the job's exit status.
 --hosts becomes sbatch's --nodes; --nproc is exported to the job as NPROC (processes per node,
 which scripts/lesson5_slurm.sbatch hands to torchrun); SBATCH_OPTIONS (--name=value) go to
 sbatch as they are, e.g. --ntasks-per-node=3. HOSTS, NPROC and TIMEOUT in the environment
-are the defaults, as for ddpcourse.hosts.
+are the defaults, as for ddpcourse.cluster.hosts.
 
 The cluster, all of it in the run's own namespaces and temporary folder:
 
@@ -31,8 +31,8 @@ The cluster, all of it in the run's own namespaces and temporary folder:
   node claims CPUS_PER_NODE CPUs (slurmd reports the configured count) and jobs run on the
   CPU with gloo (CUDA_VISIBLE_DEVICES is empty).
 
-Needs what ddpcourse.hosts needs (Linux, root, `ip`) and the packages slurm-wlm and munge.
-Standard library only, like ddpcourse.hosts.
+Needs what ddpcourse.cluster.hosts needs (Linux, root, `ip`) and the packages slurm-wlm and munge.
+Standard library only, like ddpcourse.cluster.hosts.
 """
 
 from __future__ import annotations
@@ -52,8 +52,8 @@ import threading
 import time
 from dataclasses import dataclass
 
-from ddpcourse import hosts as H
-from ddpcourse.launch import AgentFailureSummary, LaunchError, positive_int
+from ddpcourse.cluster import hosts as H
+from ddpcourse.cluster.launch import AgentFailureSummary, LaunchError, positive_int
 
 INSTALL = "install slurm-wlm and munge (apt-get install slurm-wlm munge)"
 # The daemons live in sbin, which is not on every PATH.
@@ -98,7 +98,7 @@ def unavailable_reason() -> str | None:
 def slurm_conf(folder: str, nodes: int, munge_socket: str, cpus: int = CPUS_PER_NODE) -> str:
     """slurm.conf for a cluster of `nodes` hosts whose files all lie under `folder`."""
     lines = [
-        "# A throw-away cluster made by ddpcourse.slurm on the hosts of ddpcourse.hosts",
+        "# A throw-away cluster made by ddpcourse.cluster.slurm on the hosts of ddpcourse.cluster.hosts",
         "ClusterName=course",
         f"SlurmctldHost=host0({H.address(0)})",
         "SlurmUser=root",
@@ -187,7 +187,7 @@ class Cluster:
             job = cluster.sbatch("scripts/lesson5_slurm.sbatch", ["scripts/lesson1_whoami.py"])
 
     Everything goes when the block ends, also after an exception, Ctrl-C or SIGTERM: the hosts
-    go (ddpcourse.hosts stops every process inside them: daemons and jobs), then the folder.
+    go (ddpcourse.cluster.hosts stops every process inside them: daemons and jobs), then the folder.
     """
 
     def __init__(self, count: int = 2, start_timeout: float = START_TIMEOUT):
@@ -381,7 +381,7 @@ class Cluster:
             prefix = "".join(f"{key}={shlex.quote(value)} " for key, value in shown.items())
             print("$ " + prefix + shlex.join(command), flush=True)
         # What a person reads: torchrun's output with a one-line summary after a failure
-        # report, as ddpcourse.launch shows it (COURSE_RAW_TORCHRUN=1: without).
+        # report, as ddpcourse.cluster.launch shows it (COURSE_RAW_TORCHRUN=1: without).
         raw = os.environ.get("COURSE_RAW_TORCHRUN", "") not in ("", "0")
         readable = AgentFailureSummary(_write) if echo and not raw else None
         follower = _Follower(output, readable.feed if readable else _write if echo else None)
@@ -536,7 +536,7 @@ def run_job(script: str, script_args: list[str], hosts: int, nproc: int | None,
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    parser = argparse.ArgumentParser(prog="python -m ddpcourse.slurm",
+    parser = argparse.ArgumentParser(prog="python -m ddpcourse.cluster.slurm",
                                      description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="submit FILE to a throw-away cluster on the hosts",

@@ -14,7 +14,6 @@ n nodes:    the same command n times with --node-rank=0..n-1, all on this machin
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import re
@@ -342,8 +341,7 @@ def launch(
     backend: "" lets the scripts pick from the hardware (nccl on GPUs, else gloo); "gloo"
     hides the GPUs, so they run on the CPU; "nccl" insists on GPUs.
     rdzv: "static" (--node-rank per node) or "c10d" (the agents meet at a rendezvous).
-    torchrun_args: more torchrun options, e.g. ["--max-restarts=3"] (such a job is never
-    replayed from the test suite's cache: lesson 6 kills its workers).
+    torchrun_args: more torchrun options, e.g. ["--max-restarts=3"].
     """
     env = dict(os.environ if env is None else env)
     check_backend(backend, env)
@@ -359,10 +357,6 @@ def launch(
             f"{where} processes but this machine has {gpus} GPU(s): one process per GPU, so "
             f"use at most {gpus} (or BACKEND=gloo to run on the CPU)"
         )
-    cache = None if torchrun_args else shared_job_cache(script, script_args, nproc, nnodes,
-                                                        backend, env, cwd, capture, rdzv)
-    if cache is not None and os.path.exists(cache):
-        return replay(cache, echo)
     commands = torchrun_commands(
         script, script_args or [], nproc, nnodes, port, torchrun or default_torchrun(), rdzv,
         torchrun_args)
@@ -389,59 +383,7 @@ def launch(
         print(message, file=sys.stderr, flush=True)
         if capture:
             result.stderr += message + "\n"
-    if cache is not None:
-        record(cache, result)
     return result
-
-
-# --- one job, checked many ways ------------------------------------------------------------
-# The test suite sets COURSE_JOB_CACHE to a folder of its own: a lesson script (scripts/)
-# that a test or a notebook launches with exactly the same arguments, shape and settings as
-# earlier in the same test session is not run again; its recorded output is handed back. So
-# a notebook and a lesson test that run the same job share one run, and each checks it in
-# its own way. Grading workers and other scripts always run; outside the tests nothing is
-# cached.
-JOB_CACHE = "COURSE_JOB_CACHE"
-# The settings a job's result may depend on, besides its command: everything else in the
-# environment (a kernel's or pytest's own variables) is the same job.
-JOB_SETTINGS = ("COURSE_", "TORCH", "NCCL", "GLOO", "CUDA", "OMP_", "MASTER_", "RANK",
-                "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "PYTHONPATH")
-
-
-def shared_job_cache(script, script_args, nproc, nnodes, backend, env, cwd, capture,
-                     rdzv="static"):
-    folder = os.environ.get(JOB_CACHE, "")
-    path = os.path.abspath(os.path.join(cwd or ".", script))
-    lesson_script = os.path.basename(os.path.dirname(path)) == "scripts"
-    if not folder or not capture or not lesson_script:  # captured lesson jobs only
-        return None
-    settings = sorted((k, v) for k, v in env.items() if k.startswith(JOB_SETTINGS)
-                      and k != JOB_CACHE)
-    with open(path, "rb") as f:
-        content = hashlib.sha256(f.read()).hexdigest()
-    key = [path, content, list(script_args or []), nproc, nnodes, backend,
-           os.path.abspath(cwd or "."), settings]
-    key = json.dumps(key + ([rdzv] if rdzv != "static" else []))
-    return os.path.join(folder, hashlib.sha256(key.encode()).hexdigest()[:24] + ".json")
-
-
-def record(path: str, result: subprocess.CompletedProcess) -> None:
-    data = {"args": result.args, "returncode": result.returncode, "stdout": result.stdout,
-            "stderr": result.stderr}
-    with open(path + ".tmp", "w") as f:
-        json.dump(data, f)
-    os.replace(path + ".tmp", path)
-
-
-def replay(path: str, echo: bool) -> subprocess.CompletedProcess:
-    with open(path) as f:
-        data = json.load(f)
-    if echo:
-        for cmd in data["args"]:
-            print("$ " + " ".join(cmd) + "   # run once in this test session; its output:",
-                  flush=True)
-    return subprocess.CompletedProcess(data["args"], data["returncode"], data["stdout"],
-                                       data["stderr"])
 
 
 def check_backend(backend: str, environ: dict | None = None) -> None:

@@ -16,9 +16,9 @@ own /etc/hosts (the file /etc/netns/<namespace>/hosts, which `ip netns exec` sho
 place): the names host0, host1, ..., and this machine's hostname, which in host k means
 host k, as a real machine's hostname means itself.
 
-    python -m ddpcourse.hosts run --hosts 2 --nproc 1 [--link "1gbit 0.5ms"] SCRIPT ARGS...
-    python -m ddpcourse.hosts cleanup-stale     # namespaces of a run that was killed -9
-    python -m ddpcourse.hosts check             # can this machine make hosts? (exit 0 or 2)
+    python -m ddpcourse.cluster.hosts run --hosts 2 --nproc 1 [--link "1gbit 0.5ms"] SCRIPT ARGS...
+    python -m ddpcourse.cluster.hosts cleanup-stale     # namespaces of a run that was killed -9
+    python -m ddpcourse.cluster.hosts check             # can this machine make hosts? (exit 0 or 2)
 
 `run` starts one torchrun agent in each host; they meet by c10d rendezvous on host 0's
 address. --hosts, --nproc, --link and --timeout default to the environment's HOSTS, NPROC,
@@ -28,7 +28,7 @@ delay where the kernel has it. The hosts share the machine's memory and GPUs: gl
 crosses the shaped links, but nccl between GPUs of one machine uses shared memory or NVLink.
 
 Needs Linux, root (CAP_SYS_ADMIN) and the `ip` command (`tc` too for a link). Like
-ddpcourse.launch it uses only the standard library, so it runs before .venv exists.
+ddpcourse.cluster.launch it uses only the standard library, so it runs before .venv exists.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from ddpcourse.launch import (
+from ddpcourse.cluster.launch import (
     LaunchError,
     check_backend,
     default_torchrun,
@@ -239,7 +239,7 @@ class Hosts:
             hosts.run(1, ["python", "-c", "..."])     # runs inside host 1
 
     Everything is removed when the block ends: after an exception, Ctrl-C (SIGINT) or SIGTERM
-    too. Only kill -9 leaves namespaces behind; `python -m ddpcourse.hosts cleanup-stale`
+    too. Only kill -9 leaves namespaces behind; `python -m ddpcourse.cluster.hosts cleanup-stale`
     removes them, and so does the next run.
     """
 
@@ -335,7 +335,7 @@ class Hosts:
         mean 10.213.0.1, and "host0" must mean it everywhere. Names also let the store look
         up who connected without a warning (no DNS server is reachable from a host).
         """
-        lines = [f"# host {k} of run {self.run_id}, written by ddpcourse.hosts",
+        lines = [f"# host {k} of run {self.run_id}, written by ddpcourse.cluster.hosts",
                  "127.0.0.1 localhost", "::1 localhost"]
         for j, addr in enumerate(self.addresses):
             lines.append(f"{addr} host{j}" + (f" {socket.gethostname()}" if j == k else ""))
@@ -460,7 +460,7 @@ def launch_hosts(
                           f"GPU(s): one process per GPU, so use at most {gpus} (or "
                           "BACKEND=gloo to run on the CPU)")
     settings: dict[str, str] = {"CUDA_VISIBLE_DEVICES": ""} if backend == "gloo" else {}
-    if "OMP_NUM_THREADS" not in env:  # the hosts share this machine's cores (ddpcourse.launch)
+    if "OMP_NUM_THREADS" not in env:  # the hosts share this machine's cores (ddpcourse.cluster.launch)
         settings["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // (nproc * hosts)))
     if parsed:
         settings[LINK_ENV] = parsed.text

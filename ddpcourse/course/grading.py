@@ -1,22 +1,19 @@
-"""Grading: the one adapter to exercise code, the score keeper, and the grading commands.
+"""Grading: the score keeper and the grading commands.
 
-Which code is graded comes from two environment variables, read by `load_exercises`:
-
-    COURSE_IMPL=student     lessons/lessonN/exercises.py   (the stubs, or your edits)
-    COURSE_IMPL=solutions   solutions/lessonN/exercises.py (the reference)
-    COURSE_SUBMISSION=DIR   DIR/lessonN/exercises.py, or DIR/lessons/lessonN/exercises.py
+Which code is graded comes from COURSE_IMPL and COURSE_SUBMISSION, read by the one adapter,
+`ddpcourse.exercises.load_exercises`.
 
 Commands (the Makefile's `grade` and `grade-class` call these):
 
-    python -m ddpcourse.grading grade [--lesson N] [--impl student|solutions] [--submission DIR]
-    python -m ddpcourse.grading class SUBMISSIONS_DIR [--lesson N] [--csv grades.csv]
+    python -m ddpcourse.course.grading grade [--lesson N] [--impl student|solutions]
+                                             [--submission DIR]
+    python -m ddpcourse.course.grading class SUBMISSIONS_DIR [--lesson N] [--csv grades.csv]
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
-import importlib.util
 import itertools
 import json
 import os
@@ -27,57 +24,10 @@ import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from ddpcourse.exercises import IMPLS, ROOT
+
 GRADING_TESTS = ROOT / "tests" / "grading"
 EXERCISE_MARKER = re.compile(r"^l\d+_\w+$")
-IMPLS = ("student", "solutions")
-
-
-# --- the adapter -------------------------------------------------------------------------
-
-def exercise_file(lesson: int) -> Path:
-    """The exercise file of `lesson` that COURSE_IMPL / COURSE_SUBMISSION point at."""
-    submission = os.environ.get("COURSE_SUBMISSION", "").strip()
-    if submission:
-        base = Path(submission).expanduser().resolve()
-        candidates = [base / f"lesson{lesson}" / "exercises.py",
-                      base / "lessons" / f"lesson{lesson}" / "exercises.py"]
-        for path in candidates:
-            if path.exists():
-                return path
-        raise FileNotFoundError(f"submission {base} has no lesson{lesson}/exercises.py")
-    impl = os.environ.get("COURSE_IMPL", "student").strip() or "student"
-    if impl not in IMPLS:
-        raise ValueError(f"COURSE_IMPL={impl!r}: use one of {', '.join(IMPLS)}")
-    folder = ROOT / ("lessons" if impl == "student" else "solutions")
-    path = folder / f"lesson{lesson}" / "exercises.py"
-    if not path.exists():
-        raise FileNotFoundError(f"{path} does not exist"
-                                + (" (this copy of the course has no solutions)"
-                                   if impl == "solutions" else ""))
-    return path
-
-
-def load_exercises(lesson: int):
-    """Import the exercise module of `lesson` from wherever the environment says."""
-    path = exercise_file(lesson)
-    name = f"graded_lesson{lesson}_exercises"
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses and pickling look modules up by name
-    spec.loader.exec_module(module)
-    return module
-
-
-def exercises_for_a_script(lesson: int, impl: str = "auto"):
-    """(module, impl): the exercises a lesson script runs. impl "auto" takes the reference
-    solutions where this copy of the course has them, else your own
-    lessons/lessonN/exercises.py (a student copy has no solutions/)."""
-    if impl == "auto":
-        has_solutions = (ROOT / "solutions" / f"lesson{lesson}" / "exercises.py").exists()
-        impl = "solutions" if has_solutions else "student"
-    os.environ["COURSE_IMPL"] = impl
-    return load_exercises(lesson), impl
 
 
 # --- the score keeper (a pytest plugin, registered by tests/grading/conftest.py) ----------
@@ -261,8 +211,8 @@ def import_problem(grading_file: str, env: dict, timeout: float = 60) -> str:
     match = re.search(r"test_lesson(\d+)\.py$", grading_file)
     if not match:
         return ""
-    code = (f"from ddpcourse.grading import load_exercises; load_exercises({match.group(1)}); "
-            "print('imported')")
+    code = (f"from ddpcourse.exercises import load_exercises; "
+            f"load_exercises({match.group(1)}); print('imported')")
     try:
         result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env,
                                 timeout=timeout, capture_output=True)
