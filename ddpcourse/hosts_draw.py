@@ -5,7 +5,7 @@ each with its own loopback and an eth0 on the course's subnet, joined by veth pa
 bridge that lives in a switch namespace of its own, and nothing added to the machine's own
 namespace. The names and addresses come from ddpcourse.cluster.hosts, so the picture and the code
 cannot drift apart. `draw_hierarchical_allreduce` draws the three phases of an all-reduce
-that crosses the network once per node instead of once per process.
+whose only network phase has 2(N-1) steps for N nodes instead of 2(W-1) for W processes.
 """
 
 from __future__ import annotations
@@ -124,9 +124,11 @@ def draw_hosts(count: int = 2, nproc: int = 1, link: str = "1gbit", run: str = "
 def draw_hierarchical_allreduce(nodes: int = 2, gpus: int = 4):
     """The three phases of a hierarchical all-reduce on NODES x GPUS processes.
 
-    1. reduce inside each node onto its first process (fast links), 2. all-reduce among the
-    node leaders across the network (the only phase that uses it), 3. broadcast inside each
-    node. Returns the matplotlib Figure.
+    The tensor is cut into GPUS shards. 1. reduce-scatter inside each node (fast links):
+    local rank g ends with its node's sum of shard g. 2. all-reduce of the shards across the
+    network: the processes of local rank g, one per node, sum shard g (GPUS all-reduces at
+    once, each of 1/GPUS of the bytes). 3. all-gather inside each node: every process gets
+    every summed shard. Returns the matplotlib Figure.
     """
     import matplotlib.pyplot as plt
     from matplotlib.patches import FancyArrowPatch
@@ -134,9 +136,10 @@ def draw_hierarchical_allreduce(nodes: int = 2, gpus: int = 4):
     if not (1 <= nodes <= 4 and 2 <= gpus <= 8):
         raise ValueError("draw_hierarchical_allreduce draws 1-4 nodes of 2-8 processes")
     world = nodes * gpus
-    phases = [("1. reduce inside each node", "onto its leader (local rank 0), over fast links"),
-              ("2. all-reduce among the leaders", f"{nodes} processes across the network"),
-              ("3. broadcast inside each node", "from the leader, over fast links")]
+    phases = [("1. reduce-scatter inside each node", "local rank g: its node's sum of shard g"),
+              ("2. all-reduce of each shard across nodes",
+               f"{gpus} all-reduces at once, one per local rank, over the network"),
+              ("3. all-gather inside each node", "every process: every shard, summed")]
     cell, node_gap = 0.62, 0.55
     node_w = gpus * cell + 0.3
     node_h = 1.25
@@ -145,9 +148,9 @@ def draw_hierarchical_allreduce(nodes: int = 2, gpus: int = 4):
     fig, axes = plt.subplots(1, 3, figsize=(3 * panel_w * 1.08 + 0.4, panel_h * 1.0 + 0.5))
 
     def arrow(ax, a, b, colour, rad=0.0, width=1.4):
-        ax.add_patch(FancyArrowPatch(a, b, arrowstyle="-|>", mutation_scale=9, color=colour,
-                                     linewidth=width, connectionstyle=f"arc3,rad={rad}",
-                                     shrinkA=2, shrinkB=2))
+        ax.add_patch(FancyArrowPatch(a, b, arrowstyle="<|-|>" if rad == 0 else "-|>",
+                                     mutation_scale=8, color=colour, linewidth=width,
+                                     connectionstyle=f"arc3,rad={rad}", shrinkA=2, shrinkB=2))
 
     for phase, (ax, (title, subtitle)) in enumerate(zip(axes, phases, strict=True)):
         centres = {}
@@ -161,52 +164,43 @@ def draw_hierarchical_allreduce(nodes: int = 2, gpus: int = 4):
                 cx = 0.45 + g * cell + cell / 2
                 cy = y0 + 0.45
                 centres[r] = (cx, cy)
-                leader = g == 0
-                # what the process holds after this phase: its own gradient (its colour),
-                # its node's sum (the leader after phase 1), or the sum of all (dark)
-                if phase == 2 or (phase == 1 and leader):
-                    face, alpha, text, colour = "#444444", 1.0, "all", "white"
-                elif phase == 0 and leader:
-                    face, alpha, text, colour = "#9a9a9a", 1.0, f"node {n}", "black"
+                # What the process holds after this phase: its own gradient (its colour), its
+                # node's sum of one shard (grey), that shard summed over all (dark), or all
+                # shards summed over all (dark, "all").
+                if phase == 0:
+                    face, text, colour = "#9a9a9a", f"n{n} s{g}", "black"
+                elif phase == 1:
+                    face, text, colour = "#444444", f"all s{g}", "white"
                 else:
-                    face, alpha, text, colour = PALETTE[r % len(PALETTE)], 0.45, "own", "black"
-                _box(ax, cx - cell * 0.42, cy - 0.32, cell * 0.84, 0.64, face,
-                     edge="#111111" if leader else "#777777", width=1.8 if leader else 0.8,
-                     alpha=alpha, style="round,pad=0.01,rounding_size=0.05")
+                    face, text, colour = "#222222", "all", "white"
+                _box(ax, cx - cell * 0.42, cy - 0.32, cell * 0.84, 0.64, face, edge="#111111",
+                     width=0.8, style="round,pad=0.01,rounding_size=0.05")
                 ax.text(cx, cy + 0.1, f"R{r}", ha="center", va="center", fontsize=7,
-                        weight="bold" if leader else "normal", color=colour)
-                ax.text(cx, cy - 0.14, text, ha="center", va="center", fontsize=6,
+                        color=colour)
+                ax.text(cx, cy - 0.14, text, ha="center", va="center", fontsize=5.5,
                         color=colour)
         for n in range(nodes):
-            lead = centres[n * gpus]
-            for g in range(1, gpus):
-                other = centres[n * gpus + g]
-                if phase == 0:
-                    arrow(ax, other, lead, FAST, rad=-0.45)
-                elif phase == 2:
-                    arrow(ax, lead, other, FAST, rad=0.45)
-        if phase == 1 and nodes > 1:
-            leaders = [centres[n * gpus] for n in range(nodes)]
-            for a, b in zip(leaders, leaders[1:] + leaders[:1], strict=True):
-                if a != b:
-                    arrow(ax, (a[0] - 0.05, a[1]), (b[0] - 0.05, b[1]), SLOW, rad=0.55,
-                          width=2.2)
-                    if nodes == 2:
-                        break
-            if nodes == 2:
-                arrow(ax, (leaders[1][0] + 0.05, leaders[1][1]),
-                      (leaders[0][0] + 0.05, leaders[0][1]), SLOW, rad=0.55, width=2.2)
+            if phase in (0, 2):  # a ring inside the node, over its fast links
+                for g in range(gpus):
+                    a, b = centres[n * gpus + g], centres[n * gpus + (g + 1) % gpus]
+                    arrow(ax, a, b, FAST, rad=-0.5 if g + 1 < gpus else -0.25, width=1.0)
+        if phase == 1 and nodes > 1:  # local rank g of every node: one all-reduce per shard
+            for g in range(gpus):
+                for n in range(nodes - 1):  # drawn in the gap between two nodes: the network
+                    x = centres[n * gpus + g][0]
+                    top = panel_h - 1.0 - (n + 1) * node_h - n * node_gap  # node n's bottom
+                    arrow(ax, (x, top), (x, top - node_gap), SLOW, width=1.6)
         ax.text(panel_w / 2, panel_h - 0.3, title, ha="center", va="center", fontsize=9,
                 weight="bold")
-        ax.text(panel_w / 2, panel_h - 0.62, subtitle, ha="center", va="center", fontsize=7.5,
+        ax.text(panel_w / 2, panel_h - 0.62, subtitle, ha="center", va="center", fontsize=7,
                 color=SLOW if phase == 1 else FAST)
         ax.set_xlim(0, panel_w + 0.2)
         ax.set_ylim(0, panel_h)
         ax.set_aspect("equal")
         ax.axis("off")
-    fig.suptitle(f"hierarchical all-reduce, {nodes} nodes x {gpus} processes (W = {world}), "
-                 f"what each holds after the phase: own = its gradient, node n = its node's "
-                 f"sum, all = the sum of all {world}", fontsize=9)
+    fig.suptitle(f"hierarchical all-reduce, {nodes} nodes x {gpus} processes (W = {world}), the "
+                 f"tensor in {gpus} shards s0..s{gpus - 1}: what each process holds after each "
+                 "phase (n = node's sum, all = sum of all)", fontsize=8.5)
     fig.tight_layout()
     return fig
 

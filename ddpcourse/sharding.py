@@ -1,16 +1,21 @@
 """What one rank holds, and what a step sends, under DDP, ZeRO-1 and FSDP2 (lesson 8).
 
-predict():          the bytes of weights, gradients and optimizer state on every rank, from
-                    the model's parameter shapes, laid out the way each torch tool lays them:
-                    "ddp"  DistributedDataParallel: everything whole on every rank;
-                    "zero" ZeroRedundancyOptimizer: whole parameters dealt to ranks, largest
-                           first, to the rank with the fewest elements so far; a rank keeps
-                           optimizer state for its own parameters only;
+predict():          the bytes of weights, gradients, gradient buckets and optimizer state on
+                    every rank, from the model's parameter shapes, laid out the way each torch
+                    tool lays them:
+                    "ddp"  DistributedDataParallel: everything whole on every rank, and with
+                           its default gradient_as_bucket_view=False a second copy of the
+                           gradients in its communication buckets;
+                    "zero" ZeroRedundancyOptimizer inside DDP: DDP's weights, gradients and
+                           buckets; whole parameters dealt to ranks, largest first, to the rank
+                           with the fewest elements so far; a rank keeps optimizer state for
+                           its own parameters only;
                     "fsdp" fully_shard: each parameter cut along its first dimension
                            (torch.chunk into W pieces); weights and gradients padded so every
                            rank's piece has ceil(rows / W) rows, optimizer state unpadded.
-held_bytes():       the same three numbers measured on a live rank: the bytes of the distinct
-                    storages its parameters, gradients and optimizer state really occupy.
+held_bytes():       weights, gradients and optimizer state measured on a live rank: the bytes
+                    of the distinct storages they really occupy (DDP's buckets are not
+                    parameters' storages: scripts/experiments/lesson8_memory.py adds them).
 collectives():      the collectives this process started, read from torch's flight recorder.
 
     python -m ddpcourse.sharding --model 7b --world-size 8    # the table for a 7B model
@@ -24,7 +29,7 @@ import sys
 STRATEGIES = ("ddp", "zero", "fsdp")
 # Tensors of optimizer state per parameter element: none, the momentum, Adam's two moments.
 OPTIMIZER_BUFFERS = {"sgd": 0, "sgd_momentum": 1, "adam": 2}
-PARTS = ("params", "grads", "optimizer")
+PARTS = ("params", "grads", "buckets", "optimizer")
 GB = 1e9
 BYTES_PER_VALUE = 4  # fp32: the lesson's runs and tables
 
@@ -51,9 +56,12 @@ def fsdp_rows(rows: int, world_size: int, rank: int) -> tuple[int, int]:
 
 def predict(shapes: list[tuple[int, ...]], world_size: int, strategy: str,
             optimizer: str = "adam") -> list[dict[str, int]]:
-    """Bytes of params, grads and optimizer state (and their total) on each rank, a list of
-    `world_size` dicts, for a model whose parameters have these shapes, between two steps
-    (activations and short-lived buffers, such as a gathered layer, are not counted)."""
+    """Bytes of params, grads, buckets and optimizer state (and their total) on each rank, a
+    list of `world_size` dicts, for a model whose parameters have these shapes, between two
+    steps (activations and short-lived buffers, such as a gathered layer, are not counted).
+    DDP's buckets (ddp, zero) last from step to step: a copy of the gradients, the buffers its
+    all-reduces run on. gradient_as_bucket_view=True makes the gradients views into them,
+    which saves that copy; here the default, False, is counted."""
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
     if optimizer not in OPTIMIZER_BUFFERS:
@@ -80,6 +88,7 @@ def predict(shapes: list[tuple[int, ...]], world_size: int, strategy: str,
                 weights += padded * (numel // max(rows, 1))
                 state += owned * (numel // max(rows, 1))
         held = {"params": weights * BYTES_PER_VALUE, "grads": weights * BYTES_PER_VALUE,
+                "buckets": weights * BYTES_PER_VALUE if strategy != "fsdp" else 0,
                 "optimizer": buffers * state * BYTES_PER_VALUE}
         held["total"] = sum(held.values())
         ranks.append(held)
@@ -212,8 +221,9 @@ def main(argv: list[str] | None = None) -> int:
     from ddpcourse.cli import ArgumentParser
     from ddpcourse.report import format_table
 
-    parser = ArgumentParser(description="Bytes of model state per rank under DDP, ZeRO-1 and "
-                                        "FSDP2, for a model of known shape")
+    parser = ArgumentParser(description="Bytes of model state per rank under DDP, ZeRO-1 "
+                                        "(ZeroRedundancyOptimizer) and FSDP2, for a model of "
+                                        "known shape")
     parser.add_argument("--model", choices=sorted(MODELS), default="7b")
     parser.add_argument("--world-size", type=int, default=8)
     parser.add_argument("--optimizer", choices=sorted(OPTIMIZER_BUFFERS), default="adam")
@@ -225,8 +235,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{args.model}: {count / 1e9:.2f} B parameters in {len(shapes)} tensors, fp32, "
           f"{args.optimizer}, {args.world_size} ranks; the most loaded rank holds:")
     print(format_table(plan_table(shapes, args.world_size, args.optimizer)))
-    print("(weights, gradients and optimizer state between steps; activations and the "
-          "gathered layers of FSDP come on top)")
+    print("(between steps; buckets: DDP's copy of the gradients, gone with "
+          "gradient_as_bucket_view=True; activations and FSDP's gathered layers come on top)")
     return 0
 
 

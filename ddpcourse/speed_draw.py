@@ -1,11 +1,11 @@
 """Lesson 7's pictures, each drawn from a run's own numbers.
 
 - The overlap timeline, from the Chrome traces that torch.profiler wrote on every rank
-  (scripts/lesson7_overlap.py --trace): forward, backward, waiting and the optimizer step on
-  one lane per rank, the all-reduces on a second lane below it.
-- Data-loader throughput against num_workers (scripts/lesson7_dataloader.py --json).
+  (scripts/experiments/lesson7_overlap_bench.py --trace): forward, backward, waiting and
+  the optimizer step on one lane per rank, the all-reduces on a second lane below it.
+- Data-loader throughput against num_workers (scripts/experiments/lesson7_loader_bench.py).
 - Memory per process, unique and shared, for a dataset loaded by every process against one
-  loaded once and shared (scripts/lesson7_shared_dataset.py --json).
+  loaded once and shared (scripts/experiments/lesson7_shared_dataset.py --json).
 
 The readings' figures come from runs recorded in lessons/lesson7/figures/*.json (the command
 that made each is stored beside its numbers); `make figures` redraws them from there.
@@ -80,8 +80,9 @@ def overlap_of(spans: dict) -> dict:
 
 
 def draw_overlap(record: dict, path: str | None = None):
-    """One panel per traced mode, two lanes per rank (its step's phases; its all-reduces).
-    `record` is what lesson7_overlap.py --trace writes to overlap_spans.json."""
+    """One panel per traced mode, two lanes per rank (its step's phases; its all-reduces),
+    all panels on one time axis, so their lengths compare. `record` is what
+    experiments/lesson7_overlap_bench.py --trace writes to overlap_spans.json."""
     import matplotlib
 
     if path:
@@ -92,8 +93,11 @@ def draw_overlap(record: dict, path: str | None = None):
     modes = [m for m in ranks[0]]
     fig, axes = plt.subplots(len(modes), 1, figsize=(10, 1.2 + 1.3 * len(modes) * len(ranks)),
                              squeeze=False)
+    starts = {mode: min(s[1] for r in ranks for s in r[mode]["compute"]) for mode in modes}
+    longest = max(s[2] - starts[mode] for mode in modes for r in ranks
+                  for s in r[mode]["compute"] + r[mode]["comm"])
     for ax, mode in zip(axes[:, 0], modes, strict=True):
-        t0 = min(s[1] for r in ranks for s in r[mode]["compute"])
+        t0 = starts[mode]
         labels = []
         for r, spans in enumerate(ranks):
             y = (len(ranks) - 1 - r) * 2.6
@@ -118,7 +122,7 @@ def draw_overlap(record: dict, path: str | None = None):
         ax.set_yticks([y for y, _ in labels], [t for _, t in labels], fontsize=8)
         ax.set_title(mode, fontsize=10, loc="left")
         ax.grid(axis="x", alpha=0.3)
-        ax.set_xlim(left=0)
+        ax.set_xlim(0, longest * 1.02)  # the same scale in every panel
     axes[-1, 0].set_xlabel("milliseconds since the step started")
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in MARKER_COLOURS.values()]
     handles.append(plt.Rectangle((0, 0), 1, 1, color=COMM_COLOUR, alpha=0.7))
@@ -133,8 +137,9 @@ def draw_overlap(record: dict, path: str | None = None):
 # --- data loading --------------------------------------------------------------------------
 
 def draw_loader(record: dict, path: str | None = None):
-    """Samples/s against num_workers, one line per setting; the machine's cores marked.
-    `record` is what lesson7_dataloader.py --json writes."""
+    """Samples/s against num_workers, one line per setting (the median of the rounds, their
+    range shaded); the machine's cores marked.
+    `record` is what experiments/lesson7_loader_bench.py --json writes."""
     import matplotlib
 
     if path:
@@ -148,13 +153,19 @@ def draw_loader(record: dict, path: str | None = None):
         mine = [r for r in rows if r["setting"] == setting]
         ax.plot([r["num_workers"] for r in mine], [r["samples_per_s"] for r in mine], "o-",
                 color=PALETTE[n % len(PALETTE)], label=setting)
+        if all("low" in r for r in mine):  # repeated rounds: their range, shaded
+            ax.fill_between([r["num_workers"] for r in mine], [r["low"] for r in mine],
+                            [r["high"] for r in mine], color=PALETTE[n % len(PALETTE)],
+                            alpha=0.2, lw=0)
     cores = record["cores"]
     ax.axvline(cores, color="#555555", ls="--", lw=1)
     ax.text(cores, ax.get_ylim()[1] * 0.97, f" {cores} cores", va="top", fontsize=9)
     ax.set_xlabel("num_workers")
     ax.set_ylabel("samples/s (decode + augment + collate)")
-    ax.set_title(f"DataLoader throughput on this machine ({cores} cores, "
-                 f"{record['device']})", fontsize=10)
+    ranged = all("low" in r for r in rows)
+    ax.set_title(f"DataLoader throughput on this machine ({cores} cores, {record['device']})"
+                 + ("\nline: the median of the rounds; shaded: their range" if ranged else ""),
+                 fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -166,7 +177,7 @@ def draw_loader(record: dict, path: str | None = None):
 def draw_memory(record: dict, path: str | None = None):
     """The memory each process added by loading and reading the dataset, unique (USS) and
     shared with other processes, for each way of loading it. `record` is what
-    lesson7_shared_dataset.py --json writes (one run per mode)."""
+    experiments/lesson7_shared_dataset.py --json writes (one run per mode)."""
     import matplotlib
 
     if path:

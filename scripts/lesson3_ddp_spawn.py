@@ -27,8 +27,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, Subset
 
 from ddpcourse.cli import ArgumentParser, split_batch
-from ddpcourse.data import DATASETS, NUM_CLASSES, load_datasets
 from ddpcourse.cluster.launch import free_port
+from ddpcourse.data import DATASETS, NUM_CLASSES, load_datasets
 from ddpcourse.models import create_model
 from ddpcourse.report import summary_line
 from ddpcourse.runtime import fail, pick_device

@@ -1,194 +1,210 @@
-"""Lesson 5: a process that drives several devices: the model split over them, DDP across.
+"""Lesson 5: lesson 3's DDP with each process driving k devices, the model split over them.
 
-    make lesson5-split NPROC=2                       # prints, then runs, this command:
+    make lesson5-split NPROC=2                          # prints, then runs, this command:
     torchrun --nproc-per-node=2 scripts/lesson5_model_split.py --devices-per-process 2
 
-Lesson 1's second layout: every process drives k devices. Its model is cut into k stages,
-stage i on device k x LOCAL_RANK + i, and the activations move from one device to the next
-(model parallelism inside the process). DDP keeps the processes' copies in step as before,
-but is created with device_ids=None: a module spread over several devices has no one device
-for DDP to put its inputs on. The script trains the split model for a few steps and then the
-same model, unsplit, from the same start on the same batches, and compares the losses.
-
-On a machine without GPUs every stage is on the CPU: the same code, nothing moves, and the
-two runs must agree to float rounding. With GPUs, each process needs k of them.
+Lesson 1's second layout: local rank g owns devices k*g .. k*g+k-1. The model is cut into k
+stages, stage i on the process's device i, and the activations move from one to the next
+(model parallelism inside the process). DDP keeps the processes in step as in lesson 3, but
+with device_ids=None: a module on several devices has no one device for DDP to put inputs on.
+Without GPUs every stage is on the CPU: the same code, and the same numbers as lesson 3.
+It is lesson3_ddp.py plus the split:
+    diff scripts/lesson3_ddp.py scripts/lesson5_model_split.py
 """
 
 import os
 import time
-from dataclasses import replace
 from datetime import timedelta
-
-os.environ.setdefault("MPLBACKEND", "Agg")  # draw to a file; no screen needed
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
+from timm.models import ResNet
 from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.utils.data import DataLoader, DistributedSampler
+from torch.utils.data import DataLoader, DistributedSampler, Subset
 
 from ddpcourse.cli import ArgumentParser, split_batch
-from ddpcourse.data import NUM_CLASSES, load_datasets
-from ddpcourse.report import format_table, summary_line
+from ddpcourse.data import DATASETS, NUM_CLASSES, load_datasets
+from ddpcourse.models import create_model
+from ddpcourse.report import summary_line
 from ddpcourse.runtime import fail, pick_device, world_of_one_unless_launched
-from ddpcourse.topology import draw, layout
 
+# The learning rate belongs to the GLOBAL batch: 0.1 for 256 samples per optimizer step.
+# Linear scaling rule: change the global batch by a factor k and scale the rate by k too.
 BASE_LR, BASE_BATCH = 0.1, 256
 
 
 def parse_args():
     parser = ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--devices-per-process", "-k", type=int, default=2,
-                        help="k: devices (and model stages) per process (default 2)")
-    parser.add_argument("--steps", type=int, default=8, help="SGD steps of each run (default 8)")
+    parser.add_argument("--dataset", choices=DATASETS, default="digits")
+    parser.add_argument("--data-dir", default="data", help="where cifar10 looks for its files")
+    parser.add_argument("--image-size", type=int, default=None,
+                        help="image side in pixels (default: 16 for digits, 32 for cifar10)")
+    parser.add_argument("--model", default="test_resnet", help="a timm model name")
+    parser.add_argument("--pretrained", action="store_true",
+                        help="start from timm's pretrained weights (must be on this machine)")
+    parser.add_argument("--epochs", type=int, default=8, help="0 measures start-up alone")
     parser.add_argument("--batch-size", type=int, default=None,
-                        help=f"the global batch (default {BASE_BATCH}, rounded down to split)")
+                        help=f"the global batch, all devices together (default {BASE_BATCH}, "
+                             "rounded down to split over the processes)")
+    parser.add_argument("--lr", type=float, default=None,
+                        help=f"learning rate for the global batch (default {BASE_LR} x "
+                             f"batch-size / {BASE_BATCH}: the linear scaling rule)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--tolerance", type=float, default=1e-5,
-                        help="largest relative loss difference that counts as the same")
-    parser.add_argument("--picture", default="runs/lesson5_split_job.png",
-                        help="where rank 0 saves the diagram of this job")
+    parser.add_argument("--checkpoint", default=f"runs/{Path(__file__).stem}.pt")
     parser.add_argument("--timeout", type=float, default=120,
                         help="seconds a collective may wait for the other processes")
+    parser.add_argument("--devices-per-process", "-k", type=int, default=2,
+                        help="k: the devices each process drives, one model stage on each")
     args = parser.parse_args()
+    if args.epochs < 0 or args.batch_size is not None and args.batch_size < 1:
+        parser.error("--epochs must be >= 0 and --batch-size >= 1")
     if not 1 <= args.devices_per_process <= 8:
         parser.error("--devices-per-process must be between 1 and 8")
-    if args.steps < 1 or args.timeout <= 0 or args.batch_size is not None and args.batch_size < 1:
-        parser.error("--steps and --batch-size must be at least 1, --timeout positive")
     return args
 
 
-def layers(num_classes: int) -> list[nn.Module]:
-    """A small CNN for 16 x 16 images, as a plain list of layers: it can be cut anywhere."""
-    return [nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),      # 16 -> 8
-            nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),     # 8 -> 4
-            nn.Flatten(), nn.Linear(32 * 4 * 4, 64), nn.ReLU(), nn.Linear(64, num_classes)]
-
-
 class Split(nn.Module):
-    """The layers cut into len(devices) consecutive stages, stage i on devices[i]."""
+    """A timm ResNet cut into len(devices) stages, stage i on devices[i]. A ResNet's forward
+    runs its children in order, so consecutive runs of them are the stages."""
 
-    def __init__(self, layer_list: list[nn.Module], devices: list[torch.device]):
+    def __init__(self, model: ResNet, devices: list[torch.device]):
         super().__init__()
-        k, n = len(devices), len(layer_list)
-        cuts = [round(i * n / k) for i in range(k + 1)]  # k = 2: the first half, the second
+        children, k = list(model.children()), len(devices)
+        cuts = [round(i * len(children) / k) for i in range(k + 1)]  # k = 2: two halves
         self.devices = devices
-        bounds = zip(cuts[:-1], cuts[1:], devices, strict=True)
-        self.stages = nn.ModuleList(nn.Sequential(*layer_list[a:b]).to(device)
-                                    for a, b, device in bounds)
+        self.stages = nn.ModuleList(nn.Sequential(*children[a:b]).to(device) for a, b, device
+                                    in zip(cuts[:-1], cuts[1:], devices, strict=True))
 
     def forward(self, x):
         for stage, device in zip(self.stages, self.devices, strict=True):
             x = stage(x.to(device))  # the activations move to the stage's device
-        return x
+        # The logits go back to the first device, where the loop keeps the labels and sums.
+        return x.to(self.devices[0])
 
 
-def train(model, loader, sampler, optimizer, steps, devices, world_size):
-    """`steps` SGD steps; the loss of each over the whole global batch (all ranks)."""
-    losses, step, epoch = [], 0, 0
-    while step < steps:
-        sampler.set_epoch(epoch)
-        for images, labels in loader:
-            logits = model(images)                   # moved to the first stage inside
-            loss = F.cross_entropy(logits, labels.to(devices[-1]))  # on the last stage's
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()                          # DDP all-reduces the gradients
-            optimizer.step()
-            total = loss.detach().double().to(devices[0]) * len(labels)  # the group's device
-            dist.all_reduce(total)                   # the global batch's loss, same everywhere
-            losses.append(total.item() / (len(labels) * world_size))
-            step += 1
-            if step == steps:
-                break
-        epoch += 1
-    return losses
+@torch.no_grad()
+def evaluate(model, loader, device):
+    """[correct predictions, samples seen] over `loader`, as a tensor on `device`."""
+    model.eval()
+    counts = torch.zeros(2, dtype=torch.float64, device=device)  # summed on the device
+    for images, labels in loader:
+        images, labels = images.to(device), labels.to(device)
+        counts[0] += (model(images).argmax(1) == labels).sum()
+        counts[1] += len(labels)
+    return counts
 
 
 def main():
     args = parse_args()
     started = time.perf_counter()
+
     world_of_one_unless_launched("make lesson5-split NPROC=2  (or: torchrun --nproc-per-node=2 "
                                  "scripts/lesson5_model_split.py)")
-    rank = int(os.environ["RANK"])
-    local_rank = int(os.environ["LOCAL_RANK"])
-    world_size = int(os.environ["WORLD_SIZE"])
-    local_world_size = int(os.environ["LOCAL_WORLD_SIZE"])
-    nodes = world_size // local_world_size
-    k = args.devices_per_process
+    rank = int(os.environ["RANK"])              # this process, 0 .. world_size - 1
+    local_rank = int(os.environ["LOCAL_RANK"])  # its number on this node: picks the GPU
+    world_size = int(os.environ["WORLD_SIZE"])  # processes in the job
+    k, per_node = args.devices_per_process, int(os.environ["LOCAL_WORLD_SIZE"])
 
-    # This process's devices: k of them, starting at k x LOCAL_RANK (not at LOCAL_RANK).
-    first, backend = pick_device(k * local_rank)
-    timeout = timedelta(seconds=args.timeout)
-    if first.type == "cuda":
-        if k * local_world_size > torch.cuda.device_count():
-            fail(f"{local_world_size} process(es) per node x {k} GPUs each need "
-                 f"{k * local_world_size} GPUs, and this node shows "
-                 f"{torch.cuda.device_count()}; start fewer processes or lower "
-                 "--devices-per-process")
-        devices = [torch.device("cuda", first.index + i) for i in range(k)]
-        torch.cuda.set_device(devices[0])
-    else:
-        devices = [first] * k  # no GPUs: every stage on the CPU, the same code
-    dist.init_process_group(backend, timeout=timeout)
+    # This process's k devices start at k x LOCAL_RANK, not at LOCAL_RANK: local rank 1 of
+    # k = 2 owns cuda:2 and cuda:3. `device`, the first, takes the inputs and the sums.
+    device, backend = pick_device(k * local_rank)  # cuda:k*LOCAL_RANK with nccl, else CPU
+    if device.type == "cuda":
+        if k * per_node > torch.cuda.device_count():
+            fail(f"{per_node} process(es) x {k} GPUs need {k * per_node} GPUs on this node, "
+                 f"which shows {torch.cuda.device_count()}: lower NPROC or --devices-per-process")
+        torch.cuda.set_device(device)
+    devices = [torch.device(device.type, device.index + i) if device.type == "cuda" else device
+               for i in range(k)]  # without GPUs all k stages are on the CPU
+    dist.init_process_group(backend, timeout=timedelta(seconds=args.timeout))
 
-    try:
-        batch, per_process, rounded = split_batch(args.batch_size, BASE_BATCH, world_size)
-    except ValueError as mistake:
+    # The global batch stays what it was on one device; each process takes an equal share.
+    # Left out, it is 256 rounded down to split (255 = 3 x 85); given, it must split exactly.
+    try:  # args.batch_size becomes the global batch this run really trains with
+        args.batch_size, batch_size, rounded = split_batch(args.batch_size, BASE_BATCH, world_size)
+    except ValueError as mistake:  # every rank meets it: rank 0 says so, the others wait
         fail(str(mistake))
-    train_set, _ = load_datasets("digits")
-    sampler = DistributedSampler(train_set, num_replicas=world_size, rank=rank, seed=args.seed)
-    loader = DataLoader(train_set, batch_size=per_process, sampler=sampler)
-    lr = BASE_LR * batch / BASE_BATCH
 
+    train_set, val_set = load_datasets(args.dataset, args.data_dir, args.image_size)
+    # Each process reads its own 1/world_size of the shuffled training set (set_epoch below).
+    sampler = DistributedSampler(train_set, num_replicas=world_size, rank=rank, shuffle=True,
+                                 seed=args.seed)
+    train_loader = DataLoader(train_set, batch_size=batch_size, sampler=sampler)
+    # Validation: every world_size-th image, no sampler padding: each one counted once.
+    val_loader = DataLoader(Subset(val_set, range(rank, len(val_set), world_size)),
+                            batch_size=batch_size)
+
+    torch.manual_seed(args.seed)  # the same initial weights in every run
+    model = create_model(args.model, NUM_CLASSES[args.dataset], args.pretrained)
+    if not isinstance(model, ResNet):
+        fail(f"--model {args.model}: the split cuts a timm ResNet (test_resnet, resnet18, ...)")
+    model = Split(model, devices)  # each stage moved to its device
+    # DDP copies rank 0's weights everywhere, then averages gradients during backward().
+    # device_ids=None: the module spans several devices (DDP refuses device_ids for one).
+    model = DDP(model, device_ids=None)
+    lr = args.lr if args.lr is not None else BASE_LR * args.batch_size / BASE_BATCH
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, weight_decay=5e-4)
+
+    parameters = sum(p.numel() for p in model.parameters())
+    if rank == 0:  # rank 0 speaks for the job
+        print(f"{args.model} ({parameters / 1e6:.2f} M parameters) on {args.dataset}: "
+              f"{len(train_set)} training and {len(val_set)} validation images, "
+              f"{world_size} process(es) on {device.type} with {backend}")
+        print(f"global batch {args.batch_size} = {world_size} process(es) x {batch_size}, "
+              f"lr {lr:g}{rounded}")
+    where = [None] * world_size if rank == 0 else None  # each process's stages, in rank order
+    dist.gather_object(", ".join(f"stage {i} on {d}" for i, d in enumerate(devices)), where)
     if rank == 0:
-        if first.type == "cpu":
-            print(f"no GPUs here: all {k} stages of every process run on the CPU (the same "
-                  "code; on GPUs they would be k different devices)")
-        print(f"{world_size} process(es) on {nodes} node(s), each driving {k} device(s); "
-              f"global batch {batch} = {world_size} x {per_process}, lr {lr:g}{rounded}")
+        print("\n".join(f"rank {r}: {stages}" for r, stages in enumerate(where)))
 
-    runs = {}
-    for name, stage_devices in (("split", devices), ("unsplit", devices[:1])):
-        torch.manual_seed(args.seed)  # the same initial weights for both runs
-        model = Split(layers(NUM_CLASSES["digits"]), stage_devices)
-        # device_ids=None: the module spans several devices, so DDP must not move its inputs
-        # to one of them (and it refuses device_ids for a multi-device module).
-        model = DDP(model, device_ids=None)
-        optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
-        runs[name] = train(model, loader, sampler, optimizer, args.steps, stage_devices,
-                           world_size)
-        if name == "split":
-            placement = [f"stage {i}: {str(d)}" for i, d in enumerate(stage_devices)]
-            where = [None] * world_size if rank == 0 else None
-            dist.gather_object({"rank": rank, "node": int(os.environ["GROUP_RANK"]),
-                                "local rank": local_rank, "pid": os.getpid(),
-                                "stages": ", ".join(placement)}, where, dst=0)
-            if rank == 0:
-                print(format_table(where))
+    train_loss = val_acc = float("nan")
+    train_seconds = trained = 0
+    for epoch in range(args.epochs):
+        sampler.set_epoch(epoch)  # a new shuffle every epoch, the same one on every rank
+        model.train()
+        tick = time.perf_counter()
+        # Running sums stay on the device: .item() would make the CPU wait for the GPU at
+        # every step. They are read once, when the epoch ends.
+        stats = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, correct, seen
+        for images, labels in train_loader:
+            images, labels = images.to(device), labels.to(device)
+            logits = model(images)
+            loss = F.cross_entropy(logits, labels)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            stats[0] += loss.detach() * len(labels)  # detach: no graph across the epoch
+            stats[1] += (logits.argmax(1) == labels).sum()
+            stats[2] += len(labels)
+        dist.all_reduce(stats)  # sums over ranks: the loss and accuracy of the whole epoch
+        loss_sum, correct, seen = stats.tolist()  # the epoch's one wait for the device
+        train_seconds += time.perf_counter() - tick
+        trained += int(seen)
 
-    if rank == 0:
-        split, unsplit = runs["split"], runs["unsplit"]
-        for step, (a, b) in enumerate(zip(split, unsplit, strict=True), start=1):
-            print(f"step {step}/{args.steps}  loss split {a:.6f}  unsplit {b:.6f}  "
-                  f"difference {abs(a - b):.2e}")
-        worst = max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(split, unsplit, strict=True))
-        same = worst <= args.tolerance
-        print(f"check: the split model {'matches' if same else 'DOES NOT match'} the unsplit "
-              f"one over {args.steps} steps (largest relative loss difference {worst:.1e}, "
-              f"tolerance {args.tolerance:g})")
-        processes = [replace(p, label=f"{k} stage(s), on the CPU") if first.type == "cpu" else p
-                     for p in layout(nodes, k * local_world_size, k)]
-        fig = draw(processes, gpus_per_node=k * local_world_size,
-                   title=f"the job that ran: {nodes} node(s) x {local_world_size} process(es), "
-                         f"each over {k} device(s)"
-                         + (" (all on the CPU here)" if first.type == "cpu" else ""))
-        os.makedirs(os.path.dirname(args.picture) or ".", exist_ok=True)
-        fig.savefig(args.picture, dpi=120)
-        print(f"picture of this job: {args.picture}")
-        print(summary_line(world_size=world_size, nodes=nodes, devices_per_process=k,
-                           loss_split=split[-1], loss_unsplit=unsplit[-1],
-                           max_rel_diff=worst, backend=backend,
+        # Each rank's batches moved its own BatchNorm statistics: use rank 0's, as saved.
+        for buffer in model.module.buffers():
+            dist.broadcast(buffer, src=0)
+        # The plain model: its forward does no collectives, so shard sizes may differ.
+        counts = evaluate(model.module, val_loader, device)
+        dist.all_reduce(counts)  # correct and seen, summed over the ranks' shards
+        val_correct, val_seen = counts.tolist()
+        train_loss, val_acc = loss_sum / seen, val_correct / val_seen
+        if rank == 0:
+            print(f"epoch {epoch + 1}/{args.epochs}  loss {train_loss:.4f}  "
+                  f"train acc {correct / seen:.3f}  val acc {val_acc:.3f} "
+                  f"({int(val_seen)} images)  {time.perf_counter() - tick:.1f} s")
+
+    if rank == 0:  # one checkpoint, written once: every rank holds the same weights
+        os.makedirs(os.path.dirname(args.checkpoint) or ".", exist_ok=True)
+        torch.save({"model": model.module.state_dict(), "args": vars(args)}, args.checkpoint)
+        print(f"checkpoint: {args.checkpoint}")
+        print(summary_line(world_size=world_size, devices_per_process=k,
+                           batch_per_process=batch_size,
+                           global_batch=args.batch_size, epochs=args.epochs,
+                           train_loss=train_loss, val_acc=val_acc,
+                           samples_per_s=round(trained / max(train_seconds, 1e-9)),
                            wall_s=round(time.perf_counter() - started, 2)))
     dist.destroy_process_group()
 

@@ -1,263 +1,181 @@
-"""Lesson 7: feeding the model: DataLoader workers, pinning, prefetching, persistent workers, seeds.
+"""Lesson 7: feeding each rank: DataLoader workers, pinned memory, prefetching, seeds per rank.
 
-    make lesson7-loader                                 # prints, then runs, this command:
-    python scripts/lesson7_dataloader.py
+    make lesson7-loader NPROC=2                         # prints, then runs, this command:
+    torchrun --nproc-per-node=2 scripts/lesson7_dataloader.py --workers 2
 
-One process, as one rank of a DDP job is: each rank has its own DataLoader and its own
-workers, so what one rank measures here is what every rank of a job gets (on a machine
-whose cores the ranks share, divide them). The dataset does real work per sample: it
-decodes a PNG (PIL) and augments it (a random crop, a flip, a brightness change), about as
-much as an ImageNet-style pipeline does per small image. Measured:
-
-1. samples/s against num_workers, for the loader alone and with a training step of
-   test_resnet consuming the batches (the "4 x GPUs" rule, against this machine's cores);
-2. prefetch_factor; 3. persistent_workers (what each epoch pays to start its workers);
-4. pin_memory (with a copy to the GPU; on a machine without one it is switched off);
-5. random seeds: the augmentations drawn on each rank and worker, seeded three ways. The
-   ranks are simulated one after another in this process: a loader's seeds come from its
-   process's torch generator alone (`_base_seed` in torch/utils/data/dataloader.py), so a
-   rank's draws here are those its own process would make.
+It is lesson3_ddp.py with the training DataLoader given worker processes and its options:
+    diff scripts/lesson3_ddp.py scripts/lesson7_dataloader.py
+Whether workers pay depends on the work per sample and the free cores: the sweep in
+scripts/experiments/lesson7_loader_bench.py measures it (lessons/lesson7/data_loading.md).
 """
 
-import io
-import json
 import os
-import shlex
-import sys
 import time
-import warnings
+from datetime import timedelta
+from pathlib import Path
 
-import numpy as np
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
-from PIL import Image
-from torch.utils.data import DataLoader, Dataset, DistributedSampler
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, DistributedSampler, Subset
 
-from ddpcourse.cli import ArgumentParser
-from ddpcourse.data import _digits_table
+from ddpcourse.cli import ArgumentParser, split_batch
+from ddpcourse.data import DATASETS, NUM_CLASSES, load_datasets
 from ddpcourse.models import create_model
-from ddpcourse.report import format_table, summary_line
-from ddpcourse.runtime import pick_device
+from ddpcourse.report import summary_line
+from ddpcourse.runtime import fail, pick_device, world_of_one_unless_launched
+
+# The learning rate belongs to the GLOBAL batch: 0.1 for 256 samples per optimizer step.
+# Linear scaling rule: change the global batch by a factor k and scale the rate by k too.
+BASE_LR, BASE_BATCH = 0.1, 256
 
 
 def parse_args():
     parser = ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workers", default="0,1,2,4",
-                        help="num_workers values to measure, comma-separated")
-    parser.add_argument("--batches", type=int, default=10, help="batches per measurement")
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch threads of the training step (a rank's own core)")
-    parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--image-size", type=int, default=64, help="side of the stored PNGs")
-    parser.add_argument("--epochs", type=int, default=3, help="epochs for persistent_workers")
-    parser.add_argument("--ranks", type=int, default=2, help="ranks simulated for the seeds")
-    parser.add_argument("--json", default="", help="write the numbers here (for the figure)")
-    parser.add_argument("--skip-training", action="store_true",
-                        help="measure the loader alone (no training step)")
+    parser.add_argument("--dataset", choices=DATASETS, default="digits")
+    parser.add_argument("--data-dir", default="data", help="where cifar10 looks for its files")
+    parser.add_argument("--image-size", type=int, default=None,
+                        help="image side in pixels (default: 16 for digits, 32 for cifar10)")
+    parser.add_argument("--model", default="test_resnet", help="a timm model name")
+    parser.add_argument("--pretrained", action="store_true",
+                        help="start from timm's pretrained weights (must be on this machine)")
+    parser.add_argument("--epochs", type=int, default=8, help="0 measures start-up alone")
+    parser.add_argument("--batch-size", type=int, default=None,
+                        help=f"the global batch, all devices together (default {BASE_BATCH}, "
+                             "rounded down to split over the processes)")
+    parser.add_argument("--lr", type=float, default=None,
+                        help=f"learning rate for the global batch (default {BASE_LR} x "
+                             f"batch-size / {BASE_BATCH}: the linear scaling rule)")
+    parser.add_argument("--workers", type=int, default=2,
+                        help="DataLoader worker processes per rank (0: load in this process)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--checkpoint", default=f"runs/{Path(__file__).stem}.pt")
+    parser.add_argument("--timeout", type=float, default=120,
+                        help="seconds a collective may wait for the other processes")
     args = parser.parse_args()
-    try:
-        args.workers = sorted({int(w) for w in args.workers.split(",") if w.strip()})
-    except ValueError:
-        parser.error(f"--workers {args.workers!r}: use e.g. 0,1,2,4")
-    if not args.workers or min(args.workers) < 0 or args.batches < 2 or args.epochs < 2:
-        parser.error("--workers must be >= 0, --batches and --epochs at least 2")
-    if not 16 <= args.image_size <= 256 or min(args.batch_size, args.ranks, args.threads) < 1:
-        parser.error("--image-size between 16 and 256; --batch-size, --ranks, --threads >= 1")
+    if args.epochs < 0 or args.batch_size is not None and args.batch_size < 1 \
+            or args.workers < 0:
+        parser.error("--epochs must be >= 0, --batch-size >= 1 and --workers >= 0")
     return args
 
 
-class EncodedDigits(Dataset):
-    """The digits as PNG files in memory, decoded and augmented one sample at a time.
-
-    Only 256 distinct images are encoded (encoding all would cost seconds at start); the
-    dataset cycles through them, each sample decoded again as a file would be."""
-
-    def __init__(self, size: int, length: int = 4096, record_draws: bool = False):
-        table = torch.from_numpy(_digits_table())
-        small = table[:256, :-1].reshape(-1, 1, 8, 8) / 16.0
-        big = F.interpolate(small, size=(size, size), mode="bilinear", align_corners=False)
-        pixels = (big.clamp(0, 1) * 255).byte().expand(-1, 3, -1, -1).permute(0, 2, 3, 1)
-        self.files = []
-        for image in pixels.numpy():
-            buffer = io.BytesIO()
-            Image.fromarray(image).save(buffer, format="PNG")
-            self.files.append(buffer.getvalue())
-        self.labels = table[:256, -1].long()
-        self.length, self.crop, self.record_draws = length, size * 3 // 4, record_draws
-
-    def __len__(self):
-        return self.length
-
-    def __getitem__(self, index):
-        data = self.files[index % len(self.files)]
-        image = np.asarray(Image.open(io.BytesIO(data)).convert("RGB")).copy()  # decode
-        x = torch.from_numpy(image).permute(2, 0, 1).float() / 255.0
-        # Augment, drawing from torch's generator (in a worker: seeded per worker).
-        top, left = torch.randint(0, x.shape[1] - self.crop + 1, (2,)).tolist()
-        flip, brightness = torch.rand(1).item() < 0.5, 0.8 + 0.4 * torch.rand(1).item()
-        x = x[:, top:top + self.crop, left:left + self.crop]
-        x = x.flip(-1) if flip else x
-        x = F.interpolate(x[None], size=(32, 32), mode="bilinear", align_corners=False)[0]
-        x = (x * brightness - 0.5) / 0.25
-        if self.record_draws:
-            return torch.tensor([index, top, left, flip, round(brightness, 6)])
-        return x, self.labels[index % len(self.labels)]
-
-
-def measure(loader, batches, step=None, device=None):
-    """(samples/s after the first batch, seconds to the first batch)."""
-    tick = time.perf_counter()
-    seen, first, count = 0, None, 0
+@torch.no_grad()
+def evaluate(model, loader, device):
+    """[correct predictions, samples seen] over `loader`, as a tensor on `device`."""
+    model.eval()
+    counts = torch.zeros(2, dtype=torch.float64, device=device)  # summed on the device
     for images, labels in loader:
-        if device is not None:
-            images = images.to(device, non_blocking=True)
-            labels = labels.to(device, non_blocking=True)
-        if step is not None:
-            step(images, labels)
-        count += 1
-        if first is None:
-            first = time.perf_counter()
-        else:
-            seen += len(labels)
-        if count == batches:
-            break
-    if device is not None and device.type == "cuda":
-        torch.cuda.synchronize()
-    return seen / max(time.perf_counter() - first, 1e-9), first - tick
-
-
-def seed_check(dataset, ranks, workers, mode, seed=0):
-    """Each rank's augmentation draws under one seeding scheme, then how many repeat."""
-    draws = []
-    for rank in range(ranks):
-        torch.manual_seed(seed)  # every rank seeds its process alike (same initial weights)
-        sampler = DistributedSampler(dataset, num_replicas=ranks, rank=rank, shuffle=False)
-        options = {}
-        if mode == "a generator per rank":
-            options["generator"] = torch.Generator().manual_seed(seed + 1000 * rank)
-        if mode == "worker_init_fn, one seed":
-            options["worker_init_fn"] = reseed_with_constant
-        loader = DataLoader(dataset, batch_size=8, sampler=sampler, num_workers=workers,
-                            **options)
-        draws.append(torch.cat([batch for _, batch in zip(range(8), loader, strict=False)]))
-    everything = torch.cat(draws)[:, 1:]  # the draws, without the sample index
-    distinct = len({tuple(row.tolist()) for row in everything})
-    same_as_rank0 = [float((d[:, 1:] == draws[0][:, 1:]).all(1).float().mean())
-                     for d in draws[1:]]
-    return {"seeding": mode, "samples": len(everything), "distinct draws": distinct,
-            "rank r > 0 draws as rank 0 does": (f"{100 * max(same_as_rank0):.0f}%"
-                                                if same_as_rank0 else "-")}
-
-
-def reseed_with_constant(worker_id):
-    """The mistake: every worker of every rank starts its generator from the same number."""
-    torch.manual_seed(1234)
+        images, labels = images.to(device), labels.to(device)
+        counts[0] += (model(images).argmax(1) == labels).sum()
+        counts[1] += len(labels)
+    return counts
 
 
 def main():
     args = parse_args()
     started = time.perf_counter()
-    device, _ = pick_device(0)
-    torch.set_num_threads(args.threads)
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    # torch warns when num_workers exceeds the cores it sees (check_worker_number_rationality
-    # in dataloader.py); this script goes past them on purpose, and says so once here.
-    warnings.filterwarnings("ignore", message="This DataLoader will create")
-    gpus = torch.cuda.device_count() if device.type == "cuda" else 0
-    dataset = EncodedDigits(args.image_size)
-    record = {"cores": cores, "device": device.type, "gpus": gpus, "scaling": []}
-    print(f"{cores} CPU cores, {gpus} GPU(s); {len(dataset)} samples of {args.image_size}x"
-          f"{args.image_size} PNG, decoded and augmented to 32x32; batch {args.batch_size}; "
-          f"the '4 x GPUs' rule says num_workers = {4 * gpus if gpus else '4 x 0 (no GPU)'}; "
-          f"torch's DataLoader warns above {cores}")
 
-    def loader(workers, **options):
-        return DataLoader(dataset, batch_size=args.batch_size, shuffle=True,
-                          num_workers=workers, **options)
+    world_of_one_unless_launched("make lesson3 NPROC=4  (or: torchrun --nproc-per-node=4 "
+                                 "scripts/lesson3_ddp.py)")
+    rank = int(os.environ["RANK"])              # this process, 0 .. world_size - 1
+    local_rank = int(os.environ["LOCAL_RANK"])  # its number on this node: picks the GPU
+    world_size = int(os.environ["WORLD_SIZE"])  # processes in the job
 
-    # 1. num_workers, the loader alone and feeding a training step.
-    if not args.skip_training:
-        torch.manual_seed(0)
-        model = create_model("test_resnet", 10).to(device)
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-
-    def train_step(images, labels):
-        loss = F.cross_entropy(model(images.to(device)), labels.to(device))
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-
-    consumers = [("loader alone", None)] + ([] if args.skip_training else
-                                             [("loader + test_resnet step", train_step)])
-    rows = []
-    for workers in args.workers:
-        row = {"num_workers": workers}
-        for name, step in consumers:
-            rate, _ = measure(loader(workers), args.batches, step)
-            row[f"{name} samples/s"] = f"{rate:.0f}"
-            record["scaling"].append({"setting": name, "num_workers": workers,
-                                      "samples_per_s": round(rate)})
-        rows.append(row)
-    print("1. num_workers:")
-    print(format_table(rows))
-    best = max(record["scaling"], key=lambda r: r["samples_per_s"]
-               if r["setting"] == consumers[-1][0] else -1)
-    print(f"fastest with a training step: num_workers={best['num_workers']} on {cores} cores"
-          if len(consumers) > 1 else f"fastest: num_workers={best['num_workers']}")
-
-    # 2. prefetch_factor: batches each worker keeps ready ahead of the consumer.
-    workers = max(1, min(2, max(args.workers)))
-    prefetch_rows = []
-    for factor in (1, 2, 4):
-        rate, _ = measure(loader(workers, prefetch_factor=factor), args.batches,
-                          consumers[-1][1])
-        prefetch_rows.append({"num_workers": workers, "prefetch_factor": factor,
-                              f"{consumers[-1][0]} samples/s": f"{rate:.0f}"})
-    print("2. prefetch_factor (default 2):")
-    print(format_table(prefetch_rows))
-
-    # 3. persistent_workers: without it, every epoch starts (and stops) its workers again.
-    persistent_rows = []
-    for persistent in (False, True):
-        shared = loader(workers, persistent_workers=persistent)
-        waits = [measure(shared, 3)[1] for _ in range(args.epochs)]
-        persistent_rows.append({"persistent_workers": persistent,
-                                "first batch, epoch 1 (ms)": f"{waits[0] * 1e3:.0f}",
-                                "first batch, later epochs (ms)":
-                                f"{np.median(waits[1:]) * 1e3:.0f}"})
-        del shared  # its workers stop here
-    print(f"3. persistent_workers ({workers} workers, {args.epochs} epochs):")
-    print(format_table(persistent_rows))
-
-    # 4. pin_memory: page-locked host memory, so the copy to the GPU can run asynchronously.
+    device, backend = pick_device(local_rank)  # cuda:LOCAL_RANK with nccl, else CPU with gloo
     if device.type == "cuda":
-        pin_rows = []
-        for pin in (False, True):
-            rate, _ = measure(loader(workers, pin_memory=pin), args.batches, None, device)
-            pin_rows.append({"pin_memory": pin, "samples/s (to the GPU)": f"{rate:.0f}"})
-        print("4. pin_memory:")
-        print(format_table(pin_rows))
-    else:
-        print("4. pin_memory: no accelerator here; DataLoader would warn and not pin "
-              "(torch/utils/data/dataloader.py), so there is nothing to measure")
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend, timeout=timedelta(seconds=args.timeout))
 
-    # 5. Seeds: the same augmentation on every rank, or on every worker, is a wasted sample.
-    draws = EncodedDigits(16, length=args.ranks * 64, record_draws=True)
-    seed_rows = [seed_check(draws, args.ranks, 2, mode)
-                 for mode in ("torch.manual_seed(0) on every rank", "worker_init_fn, one seed",
-                              "a generator per rank")]
-    print(f"5. augmentation draws, {args.ranks} rank(s) x 2 workers:")
-    print(format_table(seed_rows))
+    # The global batch stays what it was on one device; each process takes an equal share.
+    # Left out, it is 256 rounded down to split (255 = 3 x 85); given, it must split exactly.
+    try:  # args.batch_size becomes the global batch this run really trains with
+        args.batch_size, batch_size, rounded = split_batch(args.batch_size, BASE_BATCH, world_size)
+    except ValueError as mistake:  # every rank meets it: rank 0 says so, the others wait
+        fail(str(mistake))
 
-    record.update(prefetch=prefetch_rows, persistent=persistent_rows, seeds=seed_rows,
-                  date=time.strftime("%Y-%m-%d"), command="python " + shlex.join(sys.argv))
-    if args.json:
-        os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump(record, f, indent=1)
-    print(summary_line(cores=cores, gpus=gpus, best_workers=best["num_workers"],
-                       best_samples_per_s=best["samples_per_s"],
-                       wall_s=round(time.perf_counter() - started, 2)))
+    train_set, val_set = load_datasets(args.dataset, args.data_dir, args.image_size)
+    # Each process reads its own 1/world_size of the shuffled training set (set_epoch below).
+    sampler = DistributedSampler(train_set, num_replicas=world_size, rank=rank, shuffle=True,
+                                 seed=args.seed)
+    # Every rank has its own loader, so W ranks start W x --workers worker processes.
+    workers = {"persistent_workers": True,  # kept from one epoch to the next, not restarted
+               "prefetch_factor": 2} if args.workers else {}  # batches ready per worker
+    train_loader = DataLoader(train_set, batch_size=batch_size, sampler=sampler,
+                              num_workers=args.workers, **workers,
+                              # Page-locked host memory: the copy to the GPU can then run
+                              # asynchronously (non_blocking below). Only with a GPU.
+                              pin_memory=device.type == "cuda",
+                              # A worker's random draws (augmentations) are seeded from this
+                              # generator; left out, every rank would seed its workers alike.
+                              generator=torch.Generator().manual_seed(args.seed + 1000 * rank))
+    # Validation: every world_size-th image, no sampler padding: each one counted once.
+    val_loader = DataLoader(Subset(val_set, range(rank, len(val_set), world_size)),
+                            batch_size=batch_size)
+
+    torch.manual_seed(args.seed)  # the same initial weights in every run
+    model = create_model(args.model, NUM_CLASSES[args.dataset], args.pretrained).to(device)
+    # DDP copies rank 0's weights everywhere, then averages gradients during backward().
+    model = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None)
+    lr = args.lr if args.lr is not None else BASE_LR * args.batch_size / BASE_BATCH
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, weight_decay=5e-4)
+
+    parameters = sum(p.numel() for p in model.parameters())
+    if rank == 0:  # rank 0 speaks for the job
+        print(f"{args.model} ({parameters / 1e6:.2f} M parameters) on {args.dataset}: "
+              f"{len(train_set)} training and {len(val_set)} validation images, "
+              f"{world_size} process(es) on {device.type} with {backend}")
+        print(f"global batch {args.batch_size} = {world_size} process(es) x {batch_size}, "
+              f"lr {lr:g}{rounded}; {args.workers} loader worker(s) per process")
+
+    train_loss = val_acc = float("nan")
+    train_seconds = trained = 0
+    for epoch in range(args.epochs):
+        sampler.set_epoch(epoch)  # a new shuffle every epoch, the same one on every rank
+        model.train()
+        tick = time.perf_counter()
+        # Running sums stay on the device: .item() would make the CPU wait for the GPU at
+        # every step. They are read once, when the epoch ends.
+        stats = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, correct, seen
+        for images, labels in train_loader:
+            images = images.to(device, non_blocking=True)  # returns at once from pinned memory
+            labels = labels.to(device, non_blocking=True)
+            logits = model(images)
+            loss = F.cross_entropy(logits, labels)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            stats[0] += loss.detach() * len(labels)  # detach: no graph across the epoch
+            stats[1] += (logits.argmax(1) == labels).sum()
+            stats[2] += len(labels)
+        dist.all_reduce(stats)  # sums over ranks: the loss and accuracy of the whole epoch
+        loss_sum, correct, seen = stats.tolist()  # the epoch's one wait for the device
+        train_seconds += time.perf_counter() - tick
+        trained += int(seen)
+
+        # Each rank's batches moved its own BatchNorm statistics: use rank 0's, as saved.
+        for buffer in model.module.buffers():
+            dist.broadcast(buffer, src=0)
+        # The plain model: its forward does no collectives, so shard sizes may differ.
+        counts = evaluate(model.module, val_loader, device)
+        dist.all_reduce(counts)  # correct and seen, summed over the ranks' shards
+        val_correct, val_seen = counts.tolist()
+        train_loss, val_acc = loss_sum / seen, val_correct / val_seen
+        if rank == 0:
+            print(f"epoch {epoch + 1}/{args.epochs}  loss {train_loss:.4f}  "
+                  f"train acc {correct / seen:.3f}  val acc {val_acc:.3f} "
+                  f"({int(val_seen)} images)  {time.perf_counter() - tick:.1f} s")
+
+    if rank == 0:  # one checkpoint, written once: every rank holds the same weights
+        os.makedirs(os.path.dirname(args.checkpoint) or ".", exist_ok=True)
+        torch.save({"model": model.module.state_dict(), "args": vars(args)}, args.checkpoint)
+        print(f"checkpoint: {args.checkpoint}")
+        print(summary_line(world_size=world_size, batch_per_process=batch_size,
+                           global_batch=args.batch_size, epochs=args.epochs,
+                           train_loss=train_loss, val_acc=val_acc,
+                           samples_per_s=round(trained / max(train_seconds, 1e-9)),
+                           wall_s=round(time.perf_counter() - started, 2)))
+    dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -1,256 +1,186 @@
-"""Lesson 7: DDP's knobs, the errors each one answers, and what compressing gradients costs.
+"""Lesson 7: DDP's knobs: bucket size, gradients as bucket views, a static graph, a comm hook.
 
     make lesson7-knobs NPROC=2                          # prints, then runs, this command:
-    torchrun --nproc-per-node=2 scripts/lesson7_ddp_knobs.py
+    torchrun --nproc-per-node=2 scripts/lesson7_ddp_knobs.py --comm-hook bf16
 
-Four parts, each a small table, all in one job:
-
-1. find_unused_parameters and static_graph: a model with an extra head that some steps do
-   not use. Without either knob DDP stops at the next step with an error; the table shows
-   which knob fixes which case and what it costs per step.
-2. gradient_as_bucket_view: where p.grad lives (its own memory, or a view into DDP's bucket).
-3. forward_sync_buffers (broadcast_buffers before torch 2.14, which still takes it with a
-   FutureWarning): BatchNorm's running statistics on every rank, with and without rank 0's
-   buffers broadcast before each forward.
-4. Communication hooks: fp16 and bf16 compression of the gradients. Each step the exact
-   average is computed too, to measure the error; then test_resnet trains on the digits with
-   each hook from the same start, and the validation accuracy is compared.
+It is lesson3_ddp.py with DDP's constructor given the options a real job tunes:
+    diff scripts/lesson3_ddp.py scripts/lesson7_ddp_knobs.py
 """
 
-import copy
 import os
 import time
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.nn as nn
 import torch.nn.functional as F
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, Subset
 
-from ddpcourse.cli import ArgumentParser
-from ddpcourse.data import NUM_CLASSES, load_datasets
+from ddpcourse.cli import ArgumentParser, split_batch
+from ddpcourse.data import DATASETS, NUM_CLASSES, load_datasets
 from ddpcourse.models import create_model
-from ddpcourse.report import format_table, summary_line
-from ddpcourse.runtime import pick_device, world_of_one_unless_launched
+from ddpcourse.report import summary_line
+from ddpcourse.runtime import fail, pick_device, world_of_one_unless_launched
+
+# The learning rate belongs to the GLOBAL batch: 0.1 for 256 samples per optimizer step.
+# Linear scaling rule: change the global batch by a factor k and scale the rate by k too.
+BASE_LR, BASE_BATCH = 0.1, 256
+# Communication hooks replace DDP's all-reduce of a bucket; these send it in 16 bits.
+COMM_HOOKS = {"none": None, "fp16": default_hooks.fp16_compress_hook,
+              "bf16": default_hooks.bf16_compress_hook}
 
 
 def parse_args():
     parser = ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=20,
-                        help="timed steps per setting in parts 1-3")
-    parser.add_argument("--hook-epochs", type=int, default=2,
-                        help="epochs of test_resnet on the digits per hook in part 4")
-    parser.add_argument("--hook-steps", type=int, default=0,
-                        help="stop part 4's training after this many steps (0: no limit)")
+    parser.add_argument("--dataset", choices=DATASETS, default="digits")
+    parser.add_argument("--data-dir", default="data", help="where cifar10 looks for its files")
+    parser.add_argument("--image-size", type=int, default=None,
+                        help="image side in pixels (default: 16 for digits, 32 for cifar10)")
+    parser.add_argument("--model", default="test_resnet", help="a timm model name")
+    parser.add_argument("--pretrained", action="store_true",
+                        help="start from timm's pretrained weights (must be on this machine)")
+    parser.add_argument("--epochs", type=int, default=8, help="0 measures start-up alone")
+    parser.add_argument("--batch-size", type=int, default=None,
+                        help=f"the global batch, all devices together (default {BASE_BATCH}, "
+                             "rounded down to split over the processes)")
+    parser.add_argument("--lr", type=float, default=None,
+                        help=f"learning rate for the global batch (default {BASE_LR} x "
+                             f"batch-size / {BASE_BATCH}: the linear scaling rule)")
+    parser.add_argument("--bucket-cap-mb", type=float, default=None,
+                        help="DDP's bucket size (left out: 25 MB, and 1 MB for the first)")
+    parser.add_argument("--comm-hook", choices=COMM_HOOKS, default="none",
+                        help="send each bucket compressed to fp16 or bf16: half the bytes")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--checkpoint", default=f"runs/{Path(__file__).stem}.pt")
     parser.add_argument("--timeout", type=float, default=120,
                         help="seconds a collective may wait for the other processes")
     args = parser.parse_args()
-    if args.steps < 2 or args.hook_epochs < 1 or args.hook_steps < 0:
-        parser.error("--steps must be at least 2, --hook-epochs at least 1, --hook-steps >= 0")
+    if args.epochs < 0 or args.batch_size is not None and args.batch_size < 1 \
+            or args.bucket_cap_mb is not None and args.bucket_cap_mb <= 0:
+        parser.error("--epochs must be >= 0, --batch-size >= 1 and --bucket-cap-mb > 0")
     return args
 
 
-class TwoHeads(nn.Module):
-    """A trunk, the main head, and an auxiliary head used only when asked for."""
-
-    def __init__(self):
-        super().__init__()
-        self.trunk = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16),
-                                   nn.ReLU(), nn.AdaptiveAvgPool2d(4), nn.Flatten(),
-                                   nn.Linear(256, 128), nn.ReLU())
-        self.head = nn.Linear(128, 10)
-        self.aux = nn.Linear(128, 10)
-
-    def forward(self, x, use_aux=False):
-        features = self.trunk(x)
-        out = self.head(features)
-        return out + self.aux(features) if use_aux else out
-
-
-def timed_steps(model, batches, aux_on, device):
-    """Train over `batches`; aux_on(step) says whether the auxiliary head is used. Returns
-    (median ms per step, None) or (None, the first line of DDP's error)."""
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    seconds = []
-    try:
-        for step, (images, labels) in enumerate(batches):
-            tick = time.perf_counter()
-            loss = F.cross_entropy(model(images, use_aux=aux_on(step)), labels)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            seconds.append(time.perf_counter() - tick)
-    except RuntimeError as error:
-        return None, f"step {step + 1}: " + str(error).strip().splitlines()[0][:90] + " ..."
-    return 1e3 * sorted(seconds)[len(seconds) // 2], None
-
-
-def measured_hook(compress):
-    """A comm hook that sends the bucket compressed (fp16 or bf16, or not at all) and also
-    computes the exact fp32 average, to measure the error the compression made."""
-
-    def hook(errors, bucket):
-        exact = bucket.buffer().clone()
-        dist.all_reduce(exact)
-        exact /= dist.get_world_size()
-        future = (compress or default_hooks.allreduce_hook)(None, bucket)
-
-        def record(done):
-            averaged = done.value()
-            averaged = averaged[0] if isinstance(averaged, list) else averaged
-            errors.append(((averaged - exact).norm() / exact.norm().clamp_min(1e-30)).item())
-            return averaged
-
-        return future.then(record)
-
-    return hook
+@torch.no_grad()
+def evaluate(model, loader, device):
+    """[correct predictions, samples seen] over `loader`, as a tensor on `device`."""
+    model.eval()
+    counts = torch.zeros(2, dtype=torch.float64, device=device)  # summed on the device
+    for images, labels in loader:
+        images, labels = images.to(device), labels.to(device)
+        counts[0] += (model(images).argmax(1) == labels).sum()
+        counts[1] += len(labels)
+    return counts
 
 
 def main():
     args = parse_args()
     started = time.perf_counter()
-    world_of_one_unless_launched("make lesson7-knobs NPROC=2  (or: torchrun --nproc-per-node=2 "
-                                 "scripts/lesson7_ddp_knobs.py)")
-    rank = int(os.environ["RANK"])
-    local_rank = int(os.environ["LOCAL_RANK"])
-    world_size = int(os.environ["WORLD_SIZE"])
-    device, backend = pick_device(local_rank)
+
+    world_of_one_unless_launched("make lesson3 NPROC=4  (or: torchrun --nproc-per-node=4 "
+                                 "scripts/lesson3_ddp.py)")
+    rank = int(os.environ["RANK"])              # this process, 0 .. world_size - 1
+    local_rank = int(os.environ["LOCAL_RANK"])  # its number on this node: picks the GPU
+    world_size = int(os.environ["WORLD_SIZE"])  # processes in the job
+
+    device, backend = pick_device(local_rank)  # cuda:LOCAL_RANK with nccl, else CPU with gloo
     if device.type == "cuda":
         torch.cuda.set_device(device)
     dist.init_process_group(backend, timeout=timedelta(seconds=args.timeout))
-    ids = [local_rank] if device.type == "cuda" else None
 
-    gen = torch.Generator().manual_seed(args.seed + rank)  # each rank its own data
-    batches = [(torch.randn(32, 3, 16, 16, generator=gen).to(device),
-                torch.randint(0, 10, (32,), generator=gen).to(device))
-               for _ in range(args.steps)]
-    torch.manual_seed(args.seed)
-    start = TwoHeads().to(device)
+    # The global batch stays what it was on one device; each process takes an equal share.
+    # Left out, it is 256 rounded down to split (255 = 3 x 85); given, it must split exactly.
+    try:  # args.batch_size becomes the global batch this run really trains with
+        args.batch_size, batch_size, rounded = split_batch(args.batch_size, BASE_BATCH, world_size)
+    except ValueError as mistake:  # every rank meets it: rank 0 says so, the others wait
+        fail(str(mistake))
 
-    # 1. Unused parameters. DDP expects a gradient for every parameter in every backward;
-    # a parameter that got none leaves its bucket unfinished, and the next step stops.
-    cases = [("aux never used", lambda step: False),
-             ("aux used on odd steps", lambda step: step % 2 == 1)]
-    knobs = [("defaults", {}), ("find_unused_parameters=True", {"find_unused_parameters": True}),
-             ("static_graph=True", {"static_graph": True})]
-    unused_rows = []
-    for case, aux_on in cases:
-        for knob, options in knobs:
-            model = DDP(copy.deepcopy(start), device_ids=ids, **options)
-            ms, error = timed_steps(model, batches, aux_on, device)
-            unused_rows.append({"case": case, "knob": knob,
-                                "ms/step": f"{ms:.2f}" if ms else "-",
-                                "result": "trains" if ms else f"error at {error}"})
-        dist.barrier()
-    baseline = DDP(copy.deepcopy(start), device_ids=ids)
-    ms, _ = timed_steps(baseline, batches, lambda step: True, device)
-    unused_rows.append({"case": "aux always used", "knob": "defaults", "ms/step": f"{ms:.2f}",
-                        "result": "trains"})
-
-    # 2. gradient_as_bucket_view: does p.grad share memory with DDP's bucket?
-    view_rows = []
-    for as_view in (False, True):
-        model = DDP(copy.deepcopy(start), device_ids=ids, gradient_as_bucket_view=as_view)
-        ms, _ = timed_steps(model, batches, lambda step: True, device)
-        storages = {p.grad.untyped_storage().data_ptr(): p.grad.untyped_storage().nbytes()
-                    for p in model.parameters()}
-        grads = sum(p.grad.numel() * p.grad.element_size() for p in model.parameters())
-        view_rows.append({"gradient_as_bucket_view": as_view,
-                          "gradient tensors": len(list(model.parameters())),
-                          "their storages": len(storages),
-                          "gradient bytes": grads,
-                          "extra copy in buckets": "no" if as_view else "yes (same size)",
-                          "ms/step": f"{ms:.2f}"})
-
-    # 3. forward_sync_buffers: BatchNorm's running mean after training, across the ranks.
-    buffer_rows = []
-    for broadcast in (True, False):
-        model = DDP(copy.deepcopy(start), device_ids=ids, forward_sync_buffers=broadcast)
-        ms, _ = timed_steps(model, batches, lambda step: True, device)
-        running = model.module.trunk[1].running_mean.clone()
-        copies = [torch.empty_like(running) for _ in range(world_size)]
-        dist.all_gather(copies, running)
-        spread = max((c - copies[0]).abs().max().item() for c in copies)
-        buffer_rows.append({"forward_sync_buffers": broadcast,
-                            "max |running_mean(rank r) - rank 0's|": f"{spread:.2e}",
-                            "ms/step": f"{ms:.2f}"})
-
-    # 4. Communication hooks on a real training run: gradient error and final accuracy.
-    train_set, val_set = load_datasets("digits")
+    train_set, val_set = load_datasets(args.dataset, args.data_dir, args.image_size)
+    # Each process reads its own 1/world_size of the shuffled training set (set_epoch below).
     sampler = DistributedSampler(train_set, num_replicas=world_size, rank=rank, shuffle=True,
                                  seed=args.seed)
-    loader = DataLoader(train_set, batch_size=64 // world_size or 1, sampler=sampler,
-                        drop_last=True)
+    train_loader = DataLoader(train_set, batch_size=batch_size, sampler=sampler)
+    # Validation: every world_size-th image, no sampler padding: each one counted once.
     val_loader = DataLoader(Subset(val_set, range(rank, len(val_set), world_size)),
-                            batch_size=128)
-    torch.manual_seed(args.seed)
-    resnet = create_model("test_resnet", NUM_CLASSES["digits"]).to(device)
-    hook_rows, finals = [], {}
-    # The last row changes only the order of the data (another sampler seed): how much the
-    # accuracy moves for reasons that have nothing to do with precision.
-    for name, compress, order in [
-            ("none (fp32)", None, args.seed),
-            ("fp16_compress_hook", default_hooks.fp16_compress_hook, args.seed),
-            ("bf16_compress_hook", default_hooks.bf16_compress_hook, args.seed),
-            ("none (fp32), other data order", None, args.seed + 1)]:
-        sampler.seed = order
-        model = DDP(copy.deepcopy(resnet), device_ids=ids)
-        errors = []
-        model.register_comm_hook(errors, measured_hook(compress))
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-        steps = 0
-        for epoch in range(args.hook_epochs):
-            sampler.set_epoch(epoch)
-            model.train()
-            for images, labels in loader:
-                if steps == args.hook_steps > 0:
-                    break
-                steps += 1
-                loss = F.cross_entropy(model(images.to(device)), labels.to(device))
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                optimizer.step()
-        model.eval()
-        counts = torch.zeros(2, dtype=torch.float64, device=device)
-        with torch.no_grad():
-            for images, labels in val_loader:
-                predicted = model.module(images.to(device)).argmax(1)
-                counts += torch.tensor([(predicted == labels.to(device)).sum().item(),
-                                        len(labels)], dtype=torch.float64, device=device)
-        dist.all_reduce(counts)
-        finals[name] = torch.cat([p.detach().flatten() for p in model.module.parameters()])
-        hook_rows.append({"comm hook": name,
-                          "bytes sent per value": 2 if compress else 4,
-                          "gradient error (median, max)":
-                          f"{sorted(errors)[len(errors) // 2]:.1e}, {max(errors):.1e}",
-                          "val acc": f"{counts[0].item() / counts[1].item():.3f}"})
-    for row in hook_rows:
-        drift = (finals[row["comm hook"]] - finals["none (fp32)"]).abs().max().item()
-        row["max |weights - fp32 run's|"] = f"{drift:.1e}"
+                            batch_size=batch_size)
 
-    if rank == 0:
-        print(f"{world_size} process(es), {device.type}/{backend}")
-        print("1. parameters without a gradient (an auxiliary head):")
-        print(format_table(unused_rows))
-        print("2. where the gradients live:")
-        print(format_table(view_rows))
-        print("3. BatchNorm buffers after training (each rank saw its own batches):")
-        print(format_table(buffer_rows))
-        print(f"4. compressed gradients: test_resnet, {steps} steps of digits, global batch "
-              f"{64 // world_size * world_size}, from the same start (gradient error = "
-              "|compressed - exact| / |exact| per bucket):")
-        print(format_table(hook_rows))
-        by_hook = {row["comm hook"]: row for row in hook_rows}
-        print(summary_line(world_size=world_size,
-                           val_acc_fp32=by_hook["none (fp32)"]["val acc"],
-                           val_acc_fp16=by_hook["fp16_compress_hook"]["val acc"],
-                           val_acc_bf16=by_hook["bf16_compress_hook"]["val acc"],
+    torch.manual_seed(args.seed)  # the same initial weights in every run
+    model = create_model(args.model, NUM_CLASSES[args.dataset], args.pretrained).to(device)
+    # DDP copies rank 0's weights everywhere, then averages gradients during backward().
+    model = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None,
+                # Gradients travel in buckets of this many MB, each all-reduced as soon as
+                # it is full, while backward goes on (None keeps DDP's default).
+                bucket_cap_mb=args.bucket_cap_mb,
+                # p.grad becomes a view into its bucket: no copy into and out of the bucket
+                # each step, and one copy of the gradients' memory instead of two.
+                gradient_as_bucket_view=True,
+                # The same parameters get gradients in every step: DDP learns which in the
+                # first step instead of searching the graph each step when some get none
+                # (find_unused_parameters). A model whose graph changes must not set it.
+                static_graph=True)
+    if COMM_HOOKS[args.comm_hook]:  # state None: the hook uses the default process group
+        model.register_comm_hook(None, COMM_HOOKS[args.comm_hook])
+    lr = args.lr if args.lr is not None else BASE_LR * args.batch_size / BASE_BATCH
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, weight_decay=5e-4)
+
+    parameters = sum(p.numel() for p in model.parameters())
+    if rank == 0:  # rank 0 speaks for the job
+        print(f"{args.model} ({parameters / 1e6:.2f} M parameters) on {args.dataset}: "
+              f"{len(train_set)} training and {len(val_set)} validation images, "
+              f"{world_size} process(es) on {device.type} with {backend}")
+        print(f"global batch {args.batch_size} = {world_size} process(es) x {batch_size}, "
+              f"lr {lr:g}{rounded}; buckets of {args.bucket_cap_mb or 'default'} MB, "
+              f"comm hook {args.comm_hook}")
+
+    train_loss = val_acc = float("nan")
+    train_seconds = trained = 0
+    for epoch in range(args.epochs):
+        sampler.set_epoch(epoch)  # a new shuffle every epoch, the same one on every rank
+        model.train()
+        tick = time.perf_counter()
+        # Running sums stay on the device: .item() would make the CPU wait for the GPU at
+        # every step. They are read once, when the epoch ends.
+        stats = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, correct, seen
+        for images, labels in train_loader:
+            images, labels = images.to(device), labels.to(device)
+            logits = model(images)
+            loss = F.cross_entropy(logits, labels)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            stats[0] += loss.detach() * len(labels)  # detach: no graph across the epoch
+            stats[1] += (logits.argmax(1) == labels).sum()
+            stats[2] += len(labels)
+        dist.all_reduce(stats)  # sums over ranks: the loss and accuracy of the whole epoch
+        loss_sum, correct, seen = stats.tolist()  # the epoch's one wait for the device
+        train_seconds += time.perf_counter() - tick
+        trained += int(seen)
+
+        # Each rank's batches moved its own BatchNorm statistics: use rank 0's, as saved.
+        for buffer in model.module.buffers():
+            dist.broadcast(buffer, src=0)
+        # The plain model: its forward does no collectives, so shard sizes may differ.
+        counts = evaluate(model.module, val_loader, device)
+        dist.all_reduce(counts)  # correct and seen, summed over the ranks' shards
+        val_correct, val_seen = counts.tolist()
+        train_loss, val_acc = loss_sum / seen, val_correct / val_seen
+        if rank == 0:
+            print(f"epoch {epoch + 1}/{args.epochs}  loss {train_loss:.4f}  "
+                  f"train acc {correct / seen:.3f}  val acc {val_acc:.3f} "
+                  f"({int(val_seen)} images)  {time.perf_counter() - tick:.1f} s")
+
+    if rank == 0:  # one checkpoint, written once: every rank holds the same weights
+        os.makedirs(os.path.dirname(args.checkpoint) or ".", exist_ok=True)
+        torch.save({"model": model.module.state_dict(), "args": vars(args)}, args.checkpoint)
+        print(f"checkpoint: {args.checkpoint}")
+        print(summary_line(world_size=world_size, comm_hook=args.comm_hook,
+                           batch_per_process=batch_size,
+                           global_batch=args.batch_size, epochs=args.epochs,
+                           train_loss=train_loss, val_acc=val_acc,
+                           samples_per_s=round(trained / max(train_seconds, 1e-9)),
                            wall_s=round(time.perf_counter() - started, 2)))
     dist.destroy_process_group()
 

@@ -1,101 +1,82 @@
-"""Lesson 7: mixed precision under DDP: bf16 autocast on CPUs and GPUs, fp16 + GradScaler on GPUs.
+"""Lesson 7: mixed precision under DDP: bf16 autocast anywhere, fp16 + GradScaler on GPUs.
 
     make lesson7-amp NPROC=2                            # prints, then runs, this command:
-    torchrun --nproc-per-node=2 scripts/lesson7_mixed_precision.py
+    torchrun --nproc-per-node=2 scripts/lesson7_mixed_precision.py --precision bf16
 
-It keeps lesson3_ddp.py's set-up (process group, device, sampler, model; diff the two) and
-its training step, with the forward pass under torch.autocast. The same starting model is
-trained once per precision, in the same job, on the same batches:
-
-    fp32    no autocast (lesson 3)
-    bf16    torch.autocast(device_type, dtype=torch.bfloat16): CPU and GPU
-    fp16    torch.autocast("cuda", dtype=torch.float16) and a GradScaler: GPUs only (fp16's
-            small range underflows small gradients to zero; the scaler multiplies the loss
-            before backward and divides the gradients after, skipping steps that overflow)
-
-For each: what autocast produced in each kind of layer, the gradients' and weights' dtypes,
-ms per step, the activations autograd kept for backward (counted by saved_tensors_hooks,
-on any device), the GPU's peak memory where there is one, and the final loss.
+It is lesson3_ddp.py with the forward pass and the loss under torch.autocast:
+    diff scripts/lesson3_ddp.py scripts/lesson7_mixed_precision.py
 """
 
-import copy
 import os
 import time
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.utils.data import DataLoader, DistributedSampler
+from torch.utils.data import DataLoader, DistributedSampler, Subset
 
-from ddpcourse.cli import ArgumentParser
+from ddpcourse.cli import ArgumentParser, split_batch
 from ddpcourse.data import DATASETS, NUM_CLASSES, load_datasets
 from ddpcourse.models import create_model
-from ddpcourse.report import format_table, summary_line
-from ddpcourse.runtime import pick_device, world_of_one_unless_launched
+from ddpcourse.report import summary_line
+from ddpcourse.runtime import fail, pick_device, world_of_one_unless_launched
 
-PRECISIONS = ("fp32", "bf16", "fp16")
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+# The learning rate belongs to the GLOBAL batch: 0.1 for 256 samples per optimizer step.
+# Linear scaling rule: change the global batch by a factor k and scale the rate by k too.
+BASE_LR, BASE_BATCH = 0.1, 256
+# What autocast runs convolutions and matrix products in; fp32 turns autocast off.
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def parse_args():
     parser = ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dataset", choices=DATASETS, default="digits")
-    parser.add_argument("--model", default="resnet10t", help="a timm model name")
-    parser.add_argument("--image-size", type=int, default=32)
-    parser.add_argument("--batch-size", type=int, default=32, help="samples per process")
-    parser.add_argument("--steps", type=int, default=8, help="timed steps per precision")
-    parser.add_argument("--precisions", default=",".join(PRECISIONS),
-                        help="some of fp32,bf16,fp16 (fp16 runs where CUDA is)")
-    parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--data-dir", default="data", help="where cifar10 looks for its files")
+    parser.add_argument("--image-size", type=int, default=None,
+                        help="image side in pixels (default: 16 for digits, 32 for cifar10)")
+    parser.add_argument("--model", default="test_resnet", help="a timm model name")
+    parser.add_argument("--pretrained", action="store_true",
+                        help="start from timm's pretrained weights (must be on this machine)")
+    parser.add_argument("--epochs", type=int, default=8, help="0 measures start-up alone")
+    parser.add_argument("--batch-size", type=int, default=None,
+                        help=f"the global batch, all devices together (default {BASE_BATCH}, "
+                             "rounded down to split over the processes)")
+    parser.add_argument("--lr", type=float, default=None,
+                        help=f"learning rate for the global batch (default {BASE_LR} x "
+                             f"batch-size / {BASE_BATCH}: the linear scaling rule)")
+    parser.add_argument("--precision", choices=DTYPES, default="bf16",
+                        help="fp16 needs a CUDA GPU (and brings a GradScaler)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--checkpoint", default=f"runs/{Path(__file__).stem}.pt")
     parser.add_argument("--timeout", type=float, default=120,
                         help="seconds a collective may wait for the other processes")
     args = parser.parse_args()
-    args.precisions = [p.strip() for p in args.precisions.split(",") if p.strip()]
-    if not args.precisions or any(p not in PRECISIONS for p in args.precisions):
-        parser.error("--precisions takes some of fp32,bf16,fp16")
-    if args.steps < 2 or args.batch_size < 1:
-        parser.error("--steps must be at least 2 and --batch-size at least 1")
+    if args.epochs < 0 or args.batch_size is not None and args.batch_size < 1:
+        parser.error("--epochs must be >= 0 and --batch-size >= 1")
     return args
 
 
-def cpu_bf16_flags() -> str:
-    """The CPU's bf16 instruction sets, from /proc/cpuinfo (Linux; elsewhere '')."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((line for line in f if line.startswith("flags")), "").split()
-    except OSError:
-        return ""
-    return ", ".join(f for f in ("avx512_bf16", "amx_bf16", "avxneconvert") if f in flags)
-
-
-def dtypes_by_layer(model, images, device, dtype):
-    """{kind of layer: dtype of its output} for one forward under autocast."""
-    seen = {}
-
-    def note(module, _inputs, output):
-        seen.setdefault(type(module).__name__, str(output.dtype).split(".")[1])
-
-    hooks = [m.register_forward_hook(note) for m in model.modules() if not list(m.children())]
-    with torch.no_grad(), torch.autocast(device.type, dtype=dtype or torch.float32,
-                                         enabled=dtype is not None):
-        logits = model(images)
-        loss = F.cross_entropy(logits, torch.zeros(len(images), dtype=torch.long,
-                                                   device=device))
-    for hook in hooks:
-        hook.remove()
-    seen["cross_entropy (loss)"] = str(loss.dtype).split(".")[1]
-    return seen
+@torch.no_grad()
+def evaluate(model, loader, device):
+    """[correct predictions, samples seen] over `loader`, as a tensor on `device`."""
+    model.eval()
+    counts = torch.zeros(2, dtype=torch.float64, device=device)  # summed on the device
+    for images, labels in loader:
+        images, labels = images.to(device), labels.to(device)
+        counts[0] += (model(images).argmax(1) == labels).sum()
+        counts[1] += len(labels)
+    return counts
 
 
 def main():
     args = parse_args()
     started = time.perf_counter()
 
-    world_of_one_unless_launched("make lesson7-amp NPROC=2  (or: torchrun --nproc-per-node=2 "
-                                 "scripts/lesson7_mixed_precision.py)")
+    world_of_one_unless_launched("make lesson3 NPROC=4  (or: torchrun --nproc-per-node=4 "
+                                 "scripts/lesson3_ddp.py)")
     rank = int(os.environ["RANK"])              # this process, 0 .. world_size - 1
     local_rank = int(os.environ["LOCAL_RANK"])  # its number on this node: picks the GPU
     world_size = int(os.environ["WORLD_SIZE"])  # processes in the job
@@ -104,94 +85,95 @@ def main():
     if device.type == "cuda":
         torch.cuda.set_device(device)
     dist.init_process_group(backend, timeout=timedelta(seconds=args.timeout))
+    if args.precision == "fp16" and device.type != "cuda":  # CPU autocast: bf16 only here
+        fail("--precision fp16 needs a CUDA GPU; on the CPU use bf16")
 
-    precisions = [p for p in args.precisions if p != "fp16" or device.type == "cuda"]
-    if rank == 0 and len(precisions) < len(args.precisions):
-        print("note: fp16 with GradScaler runs on CUDA GPUs only; left out on the "
-              f"{device.type}")
+    # The global batch stays what it was on one device; each process takes an equal share.
+    # Left out, it is 256 rounded down to split (255 = 3 x 85); given, it must split exactly.
+    try:  # args.batch_size becomes the global batch this run really trains with
+        args.batch_size, batch_size, rounded = split_batch(args.batch_size, BASE_BATCH, world_size)
+    except ValueError as mistake:  # every rank meets it: rank 0 says so, the others wait
+        fail(str(mistake))
 
-    train_set, _ = load_datasets(args.dataset, image_size=args.image_size)
+    train_set, val_set = load_datasets(args.dataset, args.data_dir, args.image_size)
+    # Each process reads its own 1/world_size of the shuffled training set (set_epoch below).
     sampler = DistributedSampler(train_set, num_replicas=world_size, rank=rank, shuffle=True,
                                  seed=args.seed)
-    train_loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler,
-                              drop_last=True)
-    batches = [(x.to(device), y.to(device)) for x, y in train_loader][:args.steps]
+    train_loader = DataLoader(train_set, batch_size=batch_size, sampler=sampler)
+    # Validation: every world_size-th image, no sampler padding: each one counted once.
+    val_loader = DataLoader(Subset(val_set, range(rank, len(val_set), world_size)),
+                            batch_size=batch_size)
 
-    torch.manual_seed(args.seed)  # the same initial weights for every precision
-    start = create_model(args.model, NUM_CLASSES[args.dataset]).to(device)
-    rows, casts = [], {}
-    for precision in precisions:
-        dtype = DTYPES.get(precision)  # None: fp32, no autocast
-        model = DDP(copy.deepcopy(start),
-                    device_ids=[local_rank] if device.type == "cuda" else None)
-        optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
-        # fp16's range ends near 6e-5 (subnormals to 6e-8): small gradients would become 0.
-        # The scaler multiplies the loss by S (65536 to start), unscales before the step,
-        # skips the step when it finds inf/nan and halves S. bf16 has fp32's range.
-        scaler = torch.amp.GradScaler("cuda", enabled=precision == "fp16")
-        casts[precision] = dtypes_by_layer(model.module, batches[0][0], device, dtype)
+    torch.manual_seed(args.seed)  # the same initial weights in every run
+    model = create_model(args.model, NUM_CLASSES[args.dataset], args.pretrained).to(device)
+    # DDP copies rank 0's weights everywhere, then averages gradients during backward().
+    model = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None)
+    lr = args.lr if args.lr is not None else BASE_LR * args.batch_size / BASE_BATCH
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, weight_decay=5e-4)
+    # fp16 flushes gradients under about 6e-8 to zero: the scaler multiplies the loss (by
+    # 65536 at first) so they stay representable, unscales them before the step, skips a
+    # step whose gradients overflowed and then lowers the scale. Disabled it passes through.
+    scaler = torch.amp.GradScaler(device.type, enabled=args.precision == "fp16")
 
-        saved_bytes = []
+    parameters = sum(p.numel() for p in model.parameters())
+    if rank == 0:  # rank 0 speaks for the job
+        print(f"{args.model} ({parameters / 1e6:.2f} M parameters) on {args.dataset}: "
+              f"{len(train_set)} training and {len(val_set)} validation images, "
+              f"{world_size} process(es) on {device.type} with {backend}")
+        print(f"global batch {args.batch_size} = {world_size} process(es) x {batch_size}, "
+              f"lr {lr:g}{rounded}, autocast to {args.precision}")
 
-        def count(tensor, saved_bytes=saved_bytes):  # every tensor autograd keeps for backward
-            saved_bytes[-1] += tensor.numel() * tensor.element_size()
-            return tensor
-
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
-        seconds, loss_sum, skipped = [], 0.0, 0
+    train_loss = val_acc = float("nan")
+    train_seconds = trained = 0
+    for epoch in range(args.epochs):
+        sampler.set_epoch(epoch)  # a new shuffle every epoch, the same one on every rank
         model.train()
-        for images, labels in batches:
-            tick = time.perf_counter()
-            saved_bytes.append(0)
-            with torch.autograd.graph.saved_tensors_hooks(count, lambda t: t):
-                with torch.autocast(device.type, dtype=dtype or torch.float32,
-                                    enabled=dtype is not None):
-                    logits = model(images)                   # convs, matmuls: low precision
-                    loss = F.cross_entropy(logits, labels)   # autocast keeps this in fp32
+        tick = time.perf_counter()
+        # Running sums stay on the device: .item() would make the CPU wait for the GPU at
+        # every step. They are read once, when the epoch ends.
+        stats = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, correct, seen
+        for images, labels in train_loader:
+            images, labels = images.to(device), labels.to(device)
+            # Convolutions and matmuls run in 16 bits; the weights stay fp32 (autocast casts
+            # copies), and so does the loss: cross_entropy is on autocast's fp32 list.
+            with torch.autocast(device.type, dtype=DTYPES[args.precision],
+                                enabled=args.precision != "fp32"):
+                logits = model(images)
+                loss = F.cross_entropy(logits, labels)
             optimizer.zero_grad(set_to_none=True)
-            scale = scaler.get_scale()
-            scaler.scale(loss).backward()  # outside autocast; gradients come out fp32
-            scaler.step(optimizer)         # unscales first; skips the step on inf/nan
+            scaler.scale(loss).backward()  # outside autocast; fp32 gradients, all-reduced
+            scaler.step(optimizer)  # with fp16: unscale, then step unless inf/nan appeared
             scaler.update()
-            skipped += scaler.get_scale() < scale  # a smaller scale: that step was skipped
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            seconds.append(time.perf_counter() - tick)
-            loss_sum = loss.item()
-        grad_dtype = str(next(model.parameters()).grad.dtype).split(".")[1]
-        weight_dtype = str(next(model.parameters()).dtype).split(".")[1]
-        stats = torch.tensor([sorted(seconds[1:])[len(seconds[1:]) // 2], loss_sum,
-                              max(saved_bytes), torch.cuda.max_memory_allocated(device)
-                              if device.type == "cuda" else 0], dtype=torch.float64,
-                             device=device)
-        dist.all_reduce(stats, op=dist.ReduceOp.MAX)  # the slowest rank sets the pace
-        rows.append({"precision": precision, "weights": weight_dtype, "grads": grad_dtype,
-                     "ms/step": f"{stats[0].item() * 1e3:.1f}",
-                     "saved for backward MB": f"{stats[2].item() / 2**20:.1f}",
-                     "GPU peak MB": f"{stats[3].item() / 2**20:.0f}"
-                     if device.type == "cuda" else "-",
-                     "last loss": f"{stats[1].item():.4f}",
-                     "skipped steps": skipped if precision == "fp16" else "-"})
+            stats[0] += loss.detach() * len(labels)  # detach: no graph across the epoch
+            stats[1] += (logits.argmax(1) == labels).sum()
+            stats[2] += len(labels)
+        dist.all_reduce(stats)  # sums over ranks: the loss and accuracy of the whole epoch
+        loss_sum, correct, seen = stats.tolist()  # the epoch's one wait for the device
+        train_seconds += time.perf_counter() - tick
+        trained += int(seen)
 
-    if rank == 0:
-        print(f"{args.model} at {args.image_size}x{args.image_size}, {world_size} process(es) "
-              f"x {args.batch_size} samples, {args.steps} steps per precision, "
-              f"{device.type}/{backend}, {torch.get_num_threads()} thread(s) per process")
-        if device.type == "cpu":  # bf16 is fast only where the CPU has instructions for it
-            print(f"CPU: {torch.backends.cpu.get_cpu_capability()} kernels; bf16 instructions: "
-                  f"{cpu_bf16_flags() or 'none listed in /proc/cpuinfo'}")
-        else:
-            print(f"GPU: {torch.cuda.get_device_name(device)}")
-        kinds = sorted({k for c in casts.values() for k in c})
-        print("what autocast produced (output dtype of each kind of layer):")
-        print(format_table([{"layer": k, **{p: casts[p].get(k, "-") for p in precisions}}
-                            for k in kinds]))
-        print(format_table(rows))
-        print(summary_line(world_size=world_size, device=device.type,
-                           **{f"ms_{r['precision']}": r["ms/step"] for r in rows},
-                           **{f"saved_mb_{r['precision']}": r["saved for backward MB"]
-                              for r in rows},
+        # Each rank's batches moved its own BatchNorm statistics: use rank 0's, as saved.
+        for buffer in model.module.buffers():
+            dist.broadcast(buffer, src=0)
+        # The plain model: its forward does no collectives, so shard sizes may differ.
+        counts = evaluate(model.module, val_loader, device)
+        dist.all_reduce(counts)  # correct and seen, summed over the ranks' shards
+        val_correct, val_seen = counts.tolist()
+        train_loss, val_acc = loss_sum / seen, val_correct / val_seen
+        if rank == 0:
+            print(f"epoch {epoch + 1}/{args.epochs}  loss {train_loss:.4f}  "
+                  f"train acc {correct / seen:.3f}  val acc {val_acc:.3f} "
+                  f"({int(val_seen)} images)  {time.perf_counter() - tick:.1f} s")
+
+    if rank == 0:  # one checkpoint, written once: every rank holds the same weights
+        os.makedirs(os.path.dirname(args.checkpoint) or ".", exist_ok=True)
+        torch.save({"model": model.module.state_dict(), "args": vars(args)}, args.checkpoint)
+        print(f"checkpoint: {args.checkpoint}")
+        print(summary_line(world_size=world_size, precision=args.precision,
+                           batch_per_process=batch_size,
+                           global_batch=args.batch_size, epochs=args.epochs,
+                           train_loss=train_loss, val_acc=val_acc,
+                           samples_per_s=round(trained / max(train_seconds, 1e-9)),
                            wall_s=round(time.perf_counter() - started, 2)))
     dist.destroy_process_group()
 

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 import torch.distributed.checkpoint as dcp
+import torch.nn.functional as F
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,

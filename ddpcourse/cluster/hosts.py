@@ -460,7 +460,8 @@ def launch_hosts(
                           f"GPU(s): one process per GPU, so use at most {gpus} (or "
                           "BACKEND=gloo to run on the CPU)")
     settings: dict[str, str] = {"CUDA_VISIBLE_DEVICES": ""} if backend == "gloo" else {}
-    if "OMP_NUM_THREADS" not in env:  # the hosts share this machine's cores (ddpcourse.cluster.launch)
+    # the hosts share this machine's cores (as in ddpcourse.cluster.launch)
+    if "OMP_NUM_THREADS" not in env:
         settings["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // (nproc * hosts)))
     if parsed:
         settings[LINK_ENV] = parsed.text

@@ -1,8 +1,9 @@
 """A real SLURM cluster on the course's own hosts, for one run: submit a batch script to it.
 
-    python -m ddpcourse.cluster.slurm run [--hosts 2] [--nproc P] [--timeout S] [SBATCH_OPTIONS] FILE [ARGS]
-    python -m ddpcourse.cluster.slurm check             # can this machine run the cluster? (exit 0 or 2)
-    python -m ddpcourse.cluster.slurm cleanup-stale     # what a run killed with -9 left behind
+    python -m ddpcourse.cluster.slurm run [--hosts 2] [--nproc P] [--timeout S]
+                                          [SBATCH_OPTIONS] FILE [ARGS]
+    python -m ddpcourse.cluster.slurm check          # can this machine run the cluster? (0 or 2)
+    python -m ddpcourse.cluster.slurm cleanup-stale  # what a run killed with -9 left behind
 
 `run` makes the hosts of ddpcourse.cluster.hosts, starts SLURM's own daemons on them, submits FILE
 with `sbatch --wait` from host 0 (as a student would from a cluster's login node), shows the
@@ -98,7 +99,7 @@ def unavailable_reason() -> str | None:
 def slurm_conf(folder: str, nodes: int, munge_socket: str, cpus: int = CPUS_PER_NODE) -> str:
     """slurm.conf for a cluster of `nodes` hosts whose files all lie under `folder`."""
     lines = [
-        "# A throw-away cluster made by ddpcourse.cluster.slurm on the hosts of ddpcourse.cluster.hosts",
+        "# A throw-away cluster made by ddpcourse.cluster.slurm on ddpcourse.cluster.hosts' hosts",
         "ClusterName=course",
         f"SlurmctldHost=host0({H.address(0)})",
         "SlurmUser=root",

@@ -84,10 +84,12 @@ def identity_from_slurm(environ: Mapping[str, str]) -> dict:
     The counts per node may differ (SLURM_TASKS_PER_NODE="2(x3),1"). Raise RuntimeError
     naming every one of the six variables that is not set, when any is not.
 
-    Graded: every key, for every process of jobs whose nodes run different numbers of tasks,
-    and of a one-process job; the environments hold the other variables srun sets as well
-    (SLURM_NNODES, SLURMD_NODENAME, and SLURM_NTASKS_PER_NODE where the job asked for a count
-    per node). The RuntimeError with none of the six set, and with one or two missing.
+    Graded: every key, for every process of several jobs (nodes running different numbers of
+    tasks; ranks handed out node by node, or one node after another in turn as
+    `srun --distribution=cyclic` does) and of a one-process job. The environments hold the other
+    variables srun sets as well (SLURM_NNODES, SLURMD_NODENAME, and SLURM_NTASKS_PER_NODE where
+    the job asked for a count per node). The RuntimeError with none of the six set, and with
+    one or two missing.
     """
     raise NotImplementedError("l5_slurm_identity: read srun's variables")
 
@@ -117,8 +119,8 @@ def my_devices(environ: Mapping[str, str], gpus_per_node: int) -> list[int]:
     rank and which world size describe this node.)
 
     Graded: environments as torchrun writes them (RANK, WORLD_SIZE and GROUP_RANK too) for
-    processes of one- and two-node jobs, with GPUs per process unlike processes per node; the
-    ValueError; and inside a real torchrun job of two simulated nodes x 2 processes with 6
-    GPUs per node, every process's answer.
+    processes of jobs of one to three nodes, most with GPUs per process unlike processes per
+    node; the ValueError; and inside a real torchrun job of two simulated nodes x 2 processes
+    with 6 GPUs per node, every process's answer.
     """
     raise NotImplementedError("l5_process_devices: read the launcher's variables")

@@ -7,9 +7,10 @@ Replace each `raise NotImplementedError` with your code, then grade one exercise
     .venv/bin/pytest tests/grading -m l7_bucketed_allreduce   # one exercise
 
 The grader calls your code in a one-process world first, then in torchrun jobs of 2 and 3
-processes, where it compares the results with what DDP, or nn.BatchNorm, or one process
-alone on all the data computes. It also watches how your code communicates: which
-collectives it starts, how many, how big, and when (during backward, or after it).
+processes, in the world group and in sub-groups of it, where it compares the results with
+what DDP, or nn.BatchNorm, or one process alone on all the data computes. It also watches
+how your code communicates: which collectives it starts, on which group, how many, how big
+(in bytes), and when (during backward, or after it).
 """
 
 from __future__ import annotations
@@ -67,8 +68,13 @@ class BucketedAllReduce:
 
     Every rank builds the same buckets and starts them in the same order, so the all-reduces
     match. With any cap, the gradients after finish() equal those DDP computes from the
-    same data; the grader checks that, and counts your all-reduces (one per bucket per step,
-    none bigger than the cap) and when each one starts.
+    same data. The grader checks that in the world group and in sub-groups (it splits the
+    ranks into groups that run at once: {0} and {1} of 2, {0, 2} and {1} of 3; in a group
+    of one the mean is the gradient itself). It counts your all-reduces in BYTES: one per
+    bucket per step, on `group` and no other, each exactly its bucket's bytes with the
+    gradients in their own dtype (a bucket converted to float64 is twice its size), none
+    bigger than the cap unless a parameter alone is; and it notes when each one starts and
+    when it is waited for.
     """
 
     def __init__(self, model: nn.Module, bucket_cap_bytes: int, group=None):
@@ -85,21 +91,29 @@ class SyncBatchNormFunction(torch.autograd.Function):
 
     sync_batch_norm below calls SyncBatchNormFunction.apply(input, weight, bias,
     running_mean, running_var, momentum, eps, group). Channel c is dimension 1 of the
-    input; the statistics run over every other dimension and over every rank's batch. With
-    n the number of values of a channel on all ranks together:
+    input; the statistics run over every other dimension and over the batch of every rank in
+    `group`. With n the number of values of a channel on those ranks together:
 
       forward:  mean = sum(x) / n, var = sum(x * x) / n - mean**2 (the biased variance),
                 x_hat = (x - mean) / sqrt(var + eps), y = x_hat * weight + bias.
                 The sums and n come from ONE all_reduce of [sum(x), sum(x * x), count] per
                 channel (2C + 1 numbers; or an all_gather of them): never the input itself.
                 Update the running statistics here too (forward runs without autograd).
-      backward: with g = grad_output and, summed over all ranks, sum_g = sum(g) and
+      backward: with g = grad_output and, summed over the group, sum_g = sum(g) and
                 sum_gx = sum(g * x_hat) per channel (one all_reduce of 2C numbers):
                 grad_input  = weight / sqrt(var + eps) * (g - sum_g / n - x_hat * sum_gx / n)
                 grad_weight = sum(g * x_hat) and grad_bias = sum(g), over THIS rank's values
                 only: summed over the ranks (DDP's gradient averaging does that) they are
                 BatchNorm's gradients on the whole batch. Return one gradient per input of
                 forward: None for those that are not tensors needing one.
+
+    eps goes where the formulas put it, inside the square root: the grader feeds a channel
+    whose variance is near eps and a constant one (variance 0), where sqrt(var) + eps or a
+    missing eps gives a different output, and calls with eps and momentum other than the
+    defaults. Each pass, forward and backward, may communicate at most 16 (C + 1) bytes per
+    rank of the group (the statistics, float32 or float64, all-reduced or all-gathered),
+    whatever the batch; only to the ranks of `group`. That traffic counts only when the
+    output and the gradients are right.
     """
 
     @staticmethod
@@ -119,15 +133,18 @@ def sync_batch_norm(input: torch.Tensor, running_mean: torch.Tensor | None,
     every rank in `group` together, on the CPU (torch's nn.SyncBatchNorm refuses CPU
     tensors).
 
-    input is this rank's batch, (N, C) or (N, C, ...); N may differ from rank to rank. The
-    output, and the gradients of input, weight and bias, must equal those of nn.BatchNorm
-    applied to all the ranks' batches concatenated (in rank order): each rank gets its own
-    rows of the output and of the input's gradient, and its own share of the weight's and
-    bias's gradients (see SyncBatchNormFunction). Use SyncBatchNormFunction.apply.
+    input is this rank's batch, (N, C) or (N, C, ...); N may differ from rank to rank, and
+    be 1 on some. The output, and the gradients of input, weight and bias, must equal those
+    of nn.BatchNorm applied to all the group's batches concatenated (in rank order): each
+    rank gets its own rows of the output and of the input's gradient, and its own share of
+    the weight's and bias's gradients (see SyncBatchNormFunction). Use
+    SyncBatchNormFunction.apply. group=None is the whole world; given a sub-group (the
+    grader runs {0, 2} and {1} of 3 at once, and groups of one), only its ranks' batches
+    count and only its ranks are communicated with.
 
     running_mean and running_var (each None or a tensor of C values) are updated in place as
     nn.BatchNorm updates them: (1 - momentum) * old + momentum * the batch's value, where the
-    batch is all ranks' batches together and running_var takes the UNBIASED variance
+    batch is the group's batches together and running_var takes the UNBIASED variance
     (var * n / (n - 1)).
     """
     raise NotImplementedError("l7_sync_batchnorm: a batch norm over every rank's batch")
@@ -148,8 +165,12 @@ def accumulation_step(ddp_model: nn.Module, optimizer: torch.optim.Optimizer,
     inside `with ddp_model.no_sync():` (the gradients add up locally, nothing is sent; DDP
     decides in forward whether the backward that follows communicates, so the forward
     belongs inside too); the last one outside it, so DDP all-reduces the accumulated
-    gradients, once. Then one optimizer.step(). Return this rank's mean loss over the K
-    micro-batches, as a float.
+    gradients, once. Then one optimizer.step(). K may be 1: then nothing runs inside
+    no_sync.
+
+    Return this rank's mean loss, as a Python float: the mean of the K values loss_fn
+    returned in this step's forwards (so computed with the parameters the step started
+    from), not scaled by 1/K, not the last micro-batch's alone, not averaged over the ranks.
 
     The step equals one step on the big batch (every rank's K micro-batches together) in a
     single process: the grader checks that, and counts the all-reduced gradient values per

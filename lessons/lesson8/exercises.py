@@ -7,9 +7,10 @@ Replace each `raise NotImplementedError` with your code, then grade one exercise
     .venv/bin/pytest tests/grading -m l8_memory_calculator    # one exercise
 
 l8_memory_calculator is graded in the grading process. l8_zero1_optimizer and
-l8_pipeline_step are graded in torchrun jobs of 2 and 3 processes, where the grader also
-records every collective and message your code starts: the right numbers reached the wrong
-way (every rank holding all the optimizer state, the whole batch sent in one message) lose
+l8_pipeline_step are graded in torchrun jobs of 2 and 3 processes, in the world and in
+sub-groups of it, where the grader also records every collective and message your code
+starts, and its bytes: the right numbers reached the wrong way (every rank holding all the
+optimizer state, a collective more than needed, the whole batch sent in one message) lose
 most of the points.
 """
 
@@ -53,10 +54,12 @@ def bytes_per_rank(num_params: int, world_size: int, strategy: str, optimizer: s
     of the fullest rank: FSDP's flat parameter and ZeRO's partitions pad the parameters to
     a multiple of W so that every rank holds that many, and FSDP2 gives each parameter's
     first dimension out in pieces of ceil(rows / W), rank 0's always full. So 10 parameters
-    over 4 ranks: 3 per rank. (Treat the model as one flat tensor of N parameters.)
+    over 4 ranks: 3 per rank. (Treat the model as one flat tensor of N parameters.) There
+    may be more ranks than parameters: 3 parameters over 8 ranks are 1 per rank, and one
+    parameter on one rank is a valid model.
 
     Raise ValueError (one line) for num_params < 1, world_size < 1, or a strategy or
-    optimizer not named above.
+    optimizer not named above (names are exact: "Adam" or "zero-1" is refused).
     """
     raise NotImplementedError("l8_memory_calculator: bytes of params, grads, optimizer state")
 
@@ -77,7 +80,10 @@ class Zero1Optimizer:
 
     __init__(params, optimizer_class, group=None, **defaults):
     - `group` is the process group of the data-parallel ranks (None: the world). Ranks
-      below are ranks in that group.
+      below are ranks in that group, which are not the global ranks: in the group of
+      global ranks 1 and 2, global rank 1 is group rank 0. The grader runs it in the world
+      and in such groups (global ranks 1 and 2 of 3; global rank 1 alone, of 2), where only
+      the group's members call it.
     - Give each parameter, whole, to one rank, balancing the number of elements: go
       through the parameters largest first (by numel; equal sizes keep their order in
       `params`) and give each to the rank whose shard holds the fewest elements so far
@@ -89,18 +95,25 @@ class Zero1Optimizer:
         self.optimizer  the wrapped optimizer, optimizer_class(this rank's parameters,
                         **defaults): it steps, and keeps state for, this rank's shard only
                         (None on a rank that owns no parameter: torch's optimizers refuse
-                        an empty list)
+                        an empty list; graded with more ranks than parameters)
       Create no other optimizer: the point is that no rank holds the state of parameters
       it does not own. (Build it yourself: torch's ZeroRedundancyOptimizer, and the
       course's own partition in ddpcourse, refuse to work while this is graded.)
 
     step(): step this rank's shard with self.optimizer, then send every parameter from its
-    owner to all the other ranks with a broadcast (or an all_gather; in a group, name the
-    source by its group rank with group_src=). Nothing else is communicated: the gradients
-    were averaged before step was called.
+    owner to all the other ranks with a broadcast (or an all_gather; in a group, a
+    collective's src= is a global rank: name the source by its group rank with group_src=,
+    or translate it with dist.get_global_rank). Nothing else is communicated: the gradients
+    were averaged before step was called. The grader counts the bytes each step() moves on
+    each rank: exactly the parameters' bytes when broadcasting (each parameter once, alone
+    or packed into one flat tensor per owner, in its own dtype); when all-gathering, at
+    most the group's size times the fullest rank's shard (the shards padded to equal
+    length). An extra collective (a barrier, an all_reduce, a second copy) loses points.
+    In a group of one nothing needs sending; a broadcast to itself is allowed.
 
     zero_grad(set_to_none=True): clear the gradients of all the parameters, not just the
-    shard's (each rank's backward fills all of them).
+    shard's (each rank's backward fills all of them): set them to None, or with
+    set_to_none=False fill them with zeros in place.
     """
 
     def __init__(self, params, optimizer_class, group=None, **defaults):
@@ -121,19 +134,25 @@ def pipeline_step(stage: nn.Module, batch: torch.Tensor, num_micro_batches: int,
     """Exercise l8_pipeline_step: one training step's forward and backward through a model
     split over two processes, GPipe style.
 
-    `group` (None: the world) must hold exactly two ranks; raise ValueError (one line)
-    otherwise. Group rank 0 holds the first stage of the model, group rank 1 the second,
-    each in its own process: `stage` is this process's half. Both call pipeline_step with
-    the same num_micro_batches M and activation_shape:
+    `group` (None: the world) holds two ranks: group rank 0 holds the first stage of the
+    model, group rank 1 the second, each in its own process: `stage` is this process's
+    half. (The grader uses the world of two, and the group of global ranks 1 and 2 of 3.)
+    Both call pipeline_step with the same num_micro_batches M and activation_shape:
     - on group rank 0, `batch` is the whole batch of inputs;
     - on group rank 1, `batch` is the whole batch of targets, and the loss is
       loss_fn(output, targets), a mean over the samples.
 
-    Split the batch into M equal micro-batches along dimension 0 (raise ValueError if its
-    length is not a multiple of M). activation_shape is the shape of the activation stage 0
-    sends for one micro-batch (its float32 output for batch_len / M samples), so stage 1 can
-    receive it. Then, with dist.send / dist.recv (or isend / irecv) on `group`, ranks being group
-    ranks (dist.get_global_rank(group, r), or the group_dst= / group_src= arguments):
+    Check the arguments first, before running the stage or sending anything, and raise
+    ValueError (one line) if the group does not hold exactly two ranks (a world of one, a
+    group of one, a world of three), if M < 1, or if the batch's length is not a multiple
+    of M: the grader calls it with such arguments and a stage that must not run, and checks
+    that nothing was sent or received.
+
+    Split the batch into M equal micro-batches along dimension 0. activation_shape is the
+    shape of the activation stage 0 sends for one micro-batch (its float32 output for
+    batch_len / M samples), so stage 1 can receive it. Then, with dist.send / dist.recv (or
+    isend / irecv) on `group`, ranks being group ranks (dist.get_global_rank(group, r), or
+    the group_dst= / group_src= arguments):
 
     1. all forwards: stage 0 runs each micro-batch and sends its activation to stage 1,
        which receives it, runs it and computes that micro-batch's loss;
@@ -142,9 +161,9 @@ def pipeline_step(stage: nn.Module, batch: torch.Tensor, num_micro_batches: int,
        receives it and back-propagates it through its own output for that micro-batch.
 
     Exactly one message per micro-batch each way, each the size of one micro-batch's
-    activation: 2 x M messages in all. The gradients are accumulated into the stages'
-    parameters' .grad (add to what is there, as backward does) and, summed over the
-    micro-batches, equal those of the unsplit model on the whole batch.
+    float32 activation (in elements and in bytes): 2 x M messages in all. The gradients are
+    accumulated into the stages' parameters' .grad (add to what is there, as backward does)
+    and, summed over the micro-batches, equal those of the unsplit model on the whole batch.
 
     Return on stage 1 the loss of the whole batch (the mean of the micro-batch losses, a
     0-dimensional tensor without a graph); on stage 0 return None.

@@ -1,9 +1,11 @@
-"""Lesson 5: all-reduce between hosts that are really separate, against their link's rate.
+"""Lesson 5 experiment: all-reduce between hosts that are really separate, against the link.
 
     make bench-hosts LINK=1gbit                 # prints, then runs, one command per host:
     ip netns exec <host k> torchrun --nnodes=2 --nproc-per-node=1 --rdzv-backend=c10d \
-        --rdzv-endpoint=10.213.0.1:29400 --rdzv-id=<run> scripts/lesson5_allreduce_hosts.py
-    python -m ddpcourse.cluster.hosts run --hosts 2 --link "200mbit" scripts/lesson5_allreduce_hosts.py
+        --rdzv-endpoint=10.213.0.1:29400 --rdzv-id=<run> \
+        scripts/experiments/lesson5_allreduce_hosts.py
+    python -m ddpcourse.cluster.hosts run --hosts 2 --link "200mbit" \
+        scripts/experiments/lesson5_allreduce_hosts.py
 
 Times dist.all_reduce of float32 tensors from 1 KB to --max-bytes, with gloo on the CPU: its
 bytes go through TCP sockets on each host's eth0, so a shaped link slows them down. (nccl
@@ -42,8 +44,9 @@ try:
 except HostsError as error:
     parser.error(str(error))
 if "RANK" not in os.environ:
-    parser.error("start it on several hosts: make bench-hosts (or python -m ddpcourse.cluster.hosts "
-                 "run --hosts 2 scripts/lesson5_allreduce_hosts.py)")
+    parser.error("start it on several hosts: make bench-hosts (or python -m "
+                 "ddpcourse.cluster.hosts run --hosts 2 "
+                 "scripts/experiments/lesson5_allreduce_hosts.py)")
 
 import torch
 import torch.distributed as dist

@@ -1,12 +1,12 @@
-"""Lesson 5 failure drills: the ways a multi-node launch goes wrong, each ended in seconds.
+"""Lesson 5 experiment: the ways a multi-node launch goes wrong, each ended in seconds.
 
-    make lesson5-drills                                  # every drill, one line each
-    python scripts/lesson5_drills.py --only port-in-use  # one drill: its commands, its output
-    python scripts/lesson5_drills.py --list              # the drills and what each does
+    make lesson5-drills                                              # every drill, one line each
+    python scripts/experiments/lesson5_drills.py --only port-in-use  # its commands and output
+    python scripts/experiments/lesson5_drills.py --list              # the drills, what each does
 
 Each drill starts real torchrun agents (simulated nodes on 127.0.0.1, or hosts that are
-really separate: network namespaces, ddpcourse.cluster.hosts), with one mistake planted, and short
-timeouts so that nothing waits for long:
+really separate: network namespaces, ddpcourse.cluster.hosts), with one mistake planted, and
+short timeouts so that nothing waits for long:
 
     --rdzv-conf timeout=T        static launch: how long an agent waits for the store and its
                                  peers (torchrun's default: 900 s)
@@ -39,13 +39,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ddpcourse.cluster import hosts as H
 from ddpcourse.cli import ArgumentParser
+from ddpcourse.cluster import hosts as H
 from ddpcourse.cluster.launch import default_torchrun, free_port, run_commands
 
-ROOT = Path(__file__).resolve().parents[1]
-ENV_SCRIPT = "scripts/lesson5_env.py"
-FAILING_SCRIPT = "scripts/lesson5_failing_rank.py"
+ROOT = Path(__file__).resolve().parents[2]
+ENV_SCRIPT = "scripts/experiments/lesson5_env.py"
+FAILING_SCRIPT = "scripts/experiments/lesson5_failing_rank.py"
 # The drills use gloo on the CPU, one thread per process (and no torchrun warning about it).
 DRILL_ENV = {"CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
 
@@ -90,8 +90,8 @@ def shown(command: list[str], env: dict[str, str]) -> str:
 
 def agents(outcome: Outcome, commands: list[list[str]], settings: Settings,
            envs: list[dict[str, str]] | None = None) -> Outcome:
-    """Run the agents together (ddpcourse.cluster.launch.run_commands: the first to fail, or the
-    wall-clock limit, stops them all) and record what they printed."""
+    """Run the agents together (ddpcourse.cluster.launch.run_commands: the first to fail, or
+    the wall-clock limit, stops them all) and record what they printed."""
     envs = envs or [{} for _ in commands]
     outcome.commands += [shown(cmd, dict(DRILL_ENV, **env))
                          for cmd, env in zip(commands, envs, strict=True)]
@@ -241,7 +241,7 @@ DRILLS = [
           "on host 1, 127.0.0.1 is host 1 itself: give every node node 0's address "
           "(10.213.0.1 here; `hostname -I` on a real node)", wrong_addr, hosts=True),
     Drill("never-joins", "c10d rendezvous for 2 nodes, only one started",
-          r"RendezvousTimeoutError",
+          r"rendezvous\.api\.RendezvousTimeoutError",  # the error, not the traceback's raise
           "start the agent on every node (the same command), or lower --nnodes; "
           "--nnodes=1:2 would start without it", never_joins),
     Drill("nnodes-mismatch", "static launch, node 0 says --nnodes=3 and node 1 --nnodes=2",

@@ -1,14 +1,15 @@
-"""Lesson 5: what torchrun hands every process, and three ways to join the same world.
+"""Lesson 5 experiment: what torchrun hands every process, and three ways to join one world.
 
     make lesson5 NNODES=2 NPROC=2     # static launch: each agent is told its --node-rank
     torchrun --nnodes=2 --node-rank=0 --nproc-per-node=2 --master-addr=127.0.0.1 \
-        --master-port=29500 scripts/lesson5_env.py            # and the same with --node-rank=1
-    torchrun --nnodes=2 --nproc-per-node=2 --rdzv-backend=c10d \
-        --rdzv-endpoint=127.0.0.1:29400 --rdzv-id=job1 scripts/lesson5_env.py   # on each node
-    ... scripts/lesson5_env.py --init tcp     # or --init file: the same world, joined otherwise
+        --master-port=29500 scripts/experiments/lesson5_env.py   # and again with --node-rank=1
+    torchrun --nnodes=2 --nproc-per-node=2 --rdzv-backend=c10d --rdzv-endpoint=127.0.0.1:29400 \
+        --rdzv-id=job1 scripts/experiments/lesson5_env.py                       # on each node
+    ... scripts/experiments/lesson5_env.py --init tcp   # or --init file: joined another way
 
-It is lesson1_whoami.py with every variable the launcher sets, how the agent was started
-(static or c10d rendezvous), and a choice of init_method:
+A probe, like lesson1_whoami.py: every process reports every variable the launcher set, rank 0
+says how the agents were started (static or c10d rendezvous), and the world is joined with a
+choice of init_method:
 
     env://                 reads MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE (the default)
     tcp://ADDR:PORT        rank 0 hosts a store at ADDR:PORT; rank and world_size passed in
@@ -174,7 +175,8 @@ def main():
     args = parse_args()
     started = time.perf_counter()
     launched = world_of_one_unless_launched(
-        "make lesson5 NNODES=2 NPROC=2  (or: torchrun --nproc-per-node=2 scripts/lesson5_env.py)")
+        "make lesson5 NNODES=2 NPROC=2  (or: torchrun --nproc-per-node=2 "
+        "scripts/experiments/lesson5_env.py)")
 
     given = {name: os.environ.get(name, "(unset)") for name in PER_PROCESS + list(SHARED)}
     rank = int(os.environ["RANK"])

@@ -78,7 +78,8 @@ def main():
           f"{os.environ.get('TORCHELASTIC_ERROR_FILE') or '(none: not started by torchrun)'}",
           flush=True)
     plant_failure(args.fail_rank, args.fail_step)
-    sys.argv = [str(STEP), *step_args]  # lesson 3's own options, for its own parser
+    # Lesson 3's own options, for its own parser; a --checkpoint given comes later and wins.
+    sys.argv = [str(STEP), "--checkpoint", "runs/lesson5_failing_rank.pt", *step_args]
     runpy.run_path(str(STEP), run_name="__main__")  # the step itself, not a copy of it
 
 

@@ -1,7 +1,7 @@
-"""Lesson 5: who am I, when srun starts every process itself (no torchrun).
+"""Lesson 5 experiment: who am I, when srun starts every process itself (no torchrun).
 
-    sbatch scripts/lesson5_slurm_srun.sbatch                       # on a SLURM cluster
-    python -m ddpcourse.cluster.slurm run scripts/lesson5_slurm_srun.sbatch  # a throw-away one here
+    sbatch scripts/lesson5_slurm_srun.sbatch                                 # on a cluster
+    python -m ddpcourse.cluster.slurm run scripts/lesson5_slurm_srun.sbatch  # a throw-away one
 
 srun tells each process who it is in its own variables. This script copies them into the
 ones init_process_group's env:// method reads (the batch script sets MASTER_ADDR and

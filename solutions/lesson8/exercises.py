@@ -75,15 +75,21 @@ class Zero1Optimizer:
 
 # --- l8_pipeline_step ----------------------------------------------------------------------
 
-def pipeline_step(stage: nn.Module, batch: torch.Tensor, num_micro_batches: int,
-                  activation_shape: tuple[int, ...], loss_fn=F.cross_entropy,
-                  group=None) -> torch.Tensor | None:
+def check_pipeline_arguments(batch: torch.Tensor, num_micro_batches: int, group) -> None:
+    """Refuse what cannot be piped before anything runs or is sent: the other stage, which
+    makes the same checks, refuses too, so neither waits for a message that never comes."""
     if dist.get_world_size(group) != 2:
         raise ValueError(f"a two-stage pipeline needs a group of 2 ranks, this one has "
                          f"{dist.get_world_size(group)}")
     if num_micro_batches < 1 or len(batch) % num_micro_batches:
         raise ValueError(f"a batch of {len(batch)} does not split into {num_micro_batches} "
                          "equal micro-batches")
+
+
+def pipeline_step(stage: nn.Module, batch: torch.Tensor, num_micro_batches: int,
+                  activation_shape: tuple[int, ...], loss_fn=F.cross_entropy,
+                  group=None) -> torch.Tensor | None:
+    check_pipeline_arguments(batch, num_micro_batches, group)
     me = dist.get_rank(group)
     peer = 1 - me
     micro_batches = batch.chunk(num_micro_batches)

@@ -11,7 +11,7 @@ import tempfile
 import numpy as np
 import pytest
 import torch
-from jobs import Job, run_job, world_of_one
+from jobs import Job, run_job, will_launch, world_of_one
 from torch.utils.data import DistributedSampler
 
 from ddpcourse.exercises import load_exercises
@@ -117,19 +117,21 @@ def test_torchs_global_generator_is_left_alone(ex):
 # --- l6_snapshot_state -------------------------------------------------------------------
 
 def kill_and_resume(ex, world):
-    """One line of the kill-and-resume job at `world` ranks (workers/lesson6_resume.py). The
-    two functions are first called once here, so that a stub fails without a launch."""
-    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.BatchNorm1d(2))
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, 1)
-    with world_of_one():
-        state = ex.capture_state(model, optimizer, scheduler, torch.Generator(),
-                                 {"epoch": 0, "start": 0, "step": 0})
-        buffer = io.BytesIO()
-        torch.save(state, buffer)
-        buffer.seek(0)
-        ex.restore_state(torch.load(buffer, weights_only=False), model, optimizer, scheduler,
-                         torch.Generator())
+    """The kill-and-resume job at `world` ranks (workers/lesson6_resume.py) must report a
+    bit-identical end. Before a launch the two functions are called once here, so that an
+    unfinished exercise fails at once."""
+    if will_launch(JOBS[world]):
+        model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.BatchNorm1d(2))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        scheduler = torch.optim.lr_scheduler.StepLR(optimizer, 1)
+        with world_of_one():
+            state = ex.capture_state(model, optimizer, scheduler, torch.Generator(),
+                                     {"epoch": 0, "start": 0, "step": 0})
+            buffer = io.BytesIO()
+            torch.save(state, buffer)
+            buffer.seek(0)
+            ex.restore_state(torch.load(buffer, weights_only=False), model, optimizer,
+                             scheduler, torch.Generator())
     work = tempfile.mkdtemp(prefix=f"lesson6-resume-W{world}-")
     result = run_job(JOBS[world], script_args=["--work", work])
     lines = [line for line in result.stdout.splitlines() if line.startswith("resume: ")]

@@ -1,11 +1,13 @@
 """Grading tests for lesson 7. bucket_assignment is checked against the rule in its
 docstring; BucketedAllReduce against DDP and, for most of its points, by its mechanism: one
-all-reduce per bucket, started in backward as the bucket fills and not waited for there;
-sync_batch_norm against BatchNorm on every rank's batch together, and by what it
-communicates (the statistics, never the batch); accumulation_step against one process on
-the big batch, by which forwards run outside no_sync (a stand-in for DDP, in this process)
-and by the gradient values the real DDP all-reduces per optimizer step. The checks that
-need several ranks run in one torchrun job per world size (workers/lesson7_checks.py)."""
+all-reduce per bucket, of the bucket's bytes, on the group given, started in backward as the
+bucket fills and not waited for there; sync_batch_norm against BatchNorm on every rank's
+batch together (with channels where the place of eps shows), and by what it communicates
+(the statistics, never the batch, only within the group given); accumulation_step against
+one process on the big batch, by which forwards run outside no_sync (a stand-in for DDP, in
+this process), by the gradient values the real DDP all-reduces per optimizer step, and by
+the loss it returns. The checks that need several ranks run in one torchrun job per world
+size (workers/lesson7_checks.py), in the world group and in sub-groups of it."""
 
 import copy
 from contextlib import contextmanager
@@ -112,8 +114,9 @@ def bucketed_in_one_process(ex):
 @pytest.mark.points(1)
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_bucketed_gradients_equal_ddps(ex, world_size):
-    """Two SGD steps at two bucket caps, one with a frozen parameter (and on 3 ranks in a
-    group of ranks 0 and 1): after finish() the gradients are DDP's."""
+    """Two SGD steps at two bucket caps, one with a frozen parameter, and in sub-groups
+    ({0} and {1} of 2, {0, 2} and {1} of 3, at the same time): after finish() the gradients
+    are DDP's in that group (the mean over the group, not over the world)."""
     bucketed_in_one_process(ex)
     assert_ok(world_size, "bucketed_result")
 
@@ -122,8 +125,9 @@ def test_bucketed_gradients_equal_ddps(ex, world_size):
 @pytest.mark.points(2)
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_one_all_reduce_per_bucket_each_within_the_cap(ex, world_size):
-    """Every step: as many all-reduces as buckets, of exactly the buckets' sizes. One per
-    parameter, or buckets filled from the first parameter, fail here."""
+    """Every step: as many all-reduces as buckets, of exactly the buckets' sizes in BYTES,
+    on the group given. One per parameter, buckets filled from the first parameter, or a
+    bucket sent as float64 (the right values, twice the bytes) fail here."""
     bucketed_in_one_process(ex)
     assert_ok(world_size, "bucketed_buckets")
 
@@ -157,8 +161,11 @@ def sync_bn_in_one_process(ex):
 @pytest.mark.points(1)
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_sync_batch_norm_output_is_batchnorm_on_all_ranks_batches(ex, world_size):
-    """Batches of different sizes per rank, (N, C, H, W) and (N, C): each rank's rows of
-    BatchNorm's output on every rank's batch together."""
+    """Batches of different sizes per rank (one of a single sample), (N, C, H, W) and
+    (N, C) in the world group, (N, C, L) in sub-groups ({0, 2} and {1} of 3), eps and
+    momentum other than the defaults, a channel with a variance near eps and a constant one:
+    each rank's rows of BatchNorm's output on its group's batches together. eps anywhere but
+    inside the square root, or a world-wide all-reduce given a sub-group, fail here."""
     sync_bn_in_one_process(ex)
     assert_ok(world_size, "sync_bn_forward")
 
@@ -168,7 +175,8 @@ def test_sync_batch_norm_output_is_batchnorm_on_all_ranks_batches(ex, world_size
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_sync_batch_norm_gradients(ex, world_size):
     """The input's gradient (each rank's rows of BatchNorm's), and each rank's own share of
-    the weight's and bias's gradients."""
+    the weight's and bias's gradients, in the same calls. A backward without the variance
+    term (x_hat * sum_gx / n), or with this rank's sums only, fails here."""
     sync_bn_in_one_process(ex)
     assert_ok(world_size, "sync_bn_backward")
 
@@ -177,7 +185,8 @@ def test_sync_batch_norm_gradients(ex, world_size):
 @pytest.mark.points(1)
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_sync_batch_norm_running_statistics(ex, world_size):
-    """running_mean and running_var (the unbiased variance) as BatchNorm's after two calls."""
+    """running_mean and running_var (the unbiased variance) as BatchNorm's after two calls
+    in the world group (momentum 0.1, then 0.3) and one in a sub-group."""
     sync_bn_in_one_process(ex)
     assert_ok(world_size, "sync_bn_running")
 
@@ -186,8 +195,9 @@ def test_sync_batch_norm_running_statistics(ex, world_size):
 @pytest.mark.points(2)
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_sync_batch_norm_communicates_statistics_not_the_batch(ex, world_size):
-    """Forward and backward each send O(channels) values, whatever the batch size: an
-    all_gather of the input gives the right numbers and fails here."""
+    """Forward and backward each send O(channels) bytes, whatever the batch size, and only
+    to the group given: an all_gather of the input gives the right numbers and fails here.
+    Counts only with the right output and gradients."""
     sync_bn_in_one_process(ex)
     assert_ok(world_size, "sync_bn_traffic")
 
@@ -225,10 +235,17 @@ class StandInForDDP(nn.Module):
         return self.module(*args, **kwargs)
 
 
+def mean_loss(model, micro_batches) -> float:
+    """The mean of the micro-batches' losses, with the model as it is now."""
+    with torch.no_grad():
+        return sum(F.cross_entropy(model(x), y).item()
+                   for x, y in micro_batches) / len(micro_batches)
+
+
 def accumulate_in_one_process(ex, k, steps=2):
-    """(the trained model, the reference, per step the forwards' all-reduce decisions, per
-    step the batch sizes the model itself saw) after `steps` accumulation steps of k
-    micro-batches of 4."""
+    """After `steps` accumulation steps of k micro-batches of 4: the trained model, the
+    reference, per step the forwards' all-reduce decisions, per step the batch sizes the
+    model itself saw, and per step (the loss returned, the mean loss before the step)."""
     g = torch.Generator().manual_seed(k)
     data = [[(torch.randn(4, 10, generator=g), torch.randint(0, 3, (4,), generator=g))
              for _ in range(k)] for _ in range(steps)]
@@ -236,14 +253,16 @@ def accumulate_in_one_process(ex, k, steps=2):
     reference = copy.deepcopy(model)
     wrapped = StandInForDDP(model)
     optimizer = torch.optim.SGD(wrapped.parameters(), lr=0.1, momentum=0.9)
-    decisions, sizes = [], []
+    decisions, sizes, losses = [], [], []
     # On the model itself, so a forward through ddp_model.module counts too.
     model.register_forward_pre_hook(lambda module, args: sizes[-1].append(len(args[0])))
     for micro_batches in data:
+        before = small_model()  # the parameters this step starts from, without the hook
+        before.load_state_dict(model.state_dict())
         wrapped.synced = []
         sizes.append([])
-        loss = ex.accumulation_step(wrapped, optimizer, micro_batches, F.cross_entropy)
-        assert isinstance(loss, float), f"accumulation_step returned {type(loss).__name__}"
+        got = ex.accumulation_step(wrapped, optimizer, micro_batches, F.cross_entropy)
+        losses.append((got, mean_loss(before, micro_batches)))
         decisions.append(wrapped.synced)
     optimizer = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
     for micro_batches in data:
@@ -252,7 +271,7 @@ def accumulate_in_one_process(ex, k, steps=2):
         optimizer.zero_grad()
         F.cross_entropy(reference(x), y).backward()
         optimizer.step()
-    return model, reference, decisions, sizes
+    return model, reference, decisions, sizes, losses
 
 
 @once
@@ -271,7 +290,7 @@ def assert_same(model, reference, k):
 @pytest.mark.points(1)
 def test_accumulation_equals_one_big_batch_in_one_process(ex):
     for k in (1, 3):
-        model, reference, _, _ = accumulate_in_one_process(ex, k)
+        model, reference, *_ = accumulate_in_one_process(ex, k)
         assert_same(model, reference, k)
 
 
@@ -279,16 +298,35 @@ def test_accumulation_equals_one_big_batch_in_one_process(ex):
 @pytest.mark.points(2)
 def test_only_the_last_micro_batch_is_synchronised(ex):
     """Of the K forwards of a step, one per micro-batch, DDP would all-reduce after the last
-    only: the others run inside no_sync() (the forward too: DDP decides there)."""
-    model, reference, decisions, sizes = accumulate_in_one_process(ex, 4)
-    assert_same(model, reference, 4)
-    assert sizes == [[4] * 4] * len(sizes), \
-        (f"the batch sizes the model saw, per step: {sizes}; accumulation runs one forward "
-         "and backward per micro-batch of 4, never the K micro-batches joined into one")
-    for step, synced in enumerate(decisions):
-        assert synced.count(True) == 1 and synced[-1], \
-            (f"step {step + 1}: the forwards that DDP would follow with an all-reduce: "
-             f"{synced} (True: outside no_sync); the last one only should be")
+    only: the others run inside no_sync() (the forward too: DDP decides there). K = 1: its
+    one forward outside."""
+    for k in (4, 1):
+        model, reference, decisions, sizes, _ = accumulate_in_one_process(ex, k)
+        assert_same(model, reference, k)
+        assert sizes == [[4] * k] * len(sizes), \
+            (f"K={k}: the batch sizes the model saw, per step: {sizes}; accumulation runs one "
+             "forward and backward per micro-batch of 4, never the K micro-batches joined")
+        for step, synced in enumerate(decisions):
+            assert synced.count(True) == 1 and synced[-1], \
+                (f"K={k}, step {step + 1}: the forwards that DDP would follow with an "
+                 f"all-reduce: {synced} (True: outside no_sync); the last one only should be")
+
+
+@pytest.mark.l7_accumulate_no_sync
+@pytest.mark.points(1)
+def test_accumulation_returns_this_ranks_mean_loss(ex):
+    """The float returned: the mean of the K micro-batches' losses, computed with the
+    parameters the step started from (not scaled by 1/K, not the last micro-batch's, not
+    the mean over the ranks), in one process (K = 1 and 3) and on each rank of the jobs."""
+    for k in (1, 3):
+        for step, (got, want) in enumerate(accumulate_in_one_process(ex, k)[-1]):
+            assert isinstance(got, float), \
+                f"accumulation_step returned a {type(got).__name__}, not a float"
+            assert got == pytest.approx(want, rel=1e-5, abs=1e-6), \
+                (f"K={k}, step {step + 1}: accumulation_step returned {got:.6f}; the mean "
+                 f"loss of the K micro-batches, before the step, is {want:.6f}")
+    for world_size in JOBS:
+        assert_ok(world_size, "accumulate_loss")
 
 
 @pytest.mark.l7_accumulate_no_sync

@@ -1,8 +1,10 @@
-"""Grading tests for lesson 8. bytes_per_rank is called here against the ZeRO paper's figures
-and the arithmetic of every strategy; Zero1Optimizer and pipeline_step run in torchrun jobs of
-2 and 3 processes (workers/lesson8_parallel.py), which compare their results with one
-process and, for most of their points, watch their mechanism: the optimizer state each rank
-keeps and what step() communicates; the messages between the pipeline's stages."""
+"""Grading tests for lesson 8. bytes_per_rank is called here against the ZeRO paper's figures,
+the arithmetic of every strategy and the edge inputs its docstring names; Zero1Optimizer and
+pipeline_step run in torchrun jobs of 2 and 3 processes (workers/lesson8_parallel.py), in the
+world and in sub-groups whose group ranks are not global ranks, which compare their results
+with one process and, for most of their points, watch their mechanism: the optimizer state
+each rank keeps and the bytes step() communicates; the messages between the pipeline's
+stages, and what it must refuse before it sends anything."""
 
 import importlib
 
@@ -135,9 +137,14 @@ def test_each_strategy_shards_its_own_terms(ex):
 @pytest.mark.l8_memory_calculator
 @pytest.mark.points(1)
 def test_a_shard_rounds_up(ex):
-    """N parameters over W ranks: ceil(N / W) on every rank, the padding included."""
+    """N parameters over W ranks: ceil(N / W) on every rank, the padding included; more ranks
+    than parameters hold one each; one parameter on one rank is a model."""
     assert held(ex, 10, 4, "zero3", "sgd") == {"params": 12, "grads": 12, "optimizer": 0,
                                                "total": 24}
+    assert held(ex, 3, 8, "zero2", "adam") == {"params": 12, "grads": 4, "optimizer": 8,
+                                               "total": 24}
+    assert held(ex, 1, 1, "fsdp", "sgd_momentum", mixed_precision=True) == {
+        "params": 2, "grads": 2, "optimizer": 8, "total": 12}
     assert held(ex, 7, 8, "zero3", "adam", mixed_precision=True)["total"] == 16
     assert held(ex, 1_000_003, 3, "zero1", "adam") == {
         "params": 4_000_012, "grads": 4_000_012, "optimizer": 8 * 333_335,
@@ -153,8 +160,9 @@ def test_bad_input_is_refused(ex):
                          ((100, -2, "zero3"), {}), ((100, 4, "zero4"), {}),
                          ((100, 4, "DDP-ish"), {}), ((100, 4, "fsdp"), {"optimizer": "lamb"}),
                          ((100, 4, "ddp"), {"optimizer": "Adam "})]:
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError) as refused:
             ex.bytes_per_rank(*args, **kwargs)
+        assert "\n" not in str(refused.value).strip(), (args, kwargs, str(refused.value))
 
 
 # --- the two exercises that run in a real job --------------------------------------------
@@ -179,8 +187,9 @@ def first_call(ex, exercise):
                     zero = ex.Zero1Optimizer(model.parameters(), torch.optim.SGD, lr=0.1)
                     model(torch.ones(1, 3)).sum().backward()
                     zero.step()
-                else:
-                    ex.pipeline_step(nn.Linear(2, 2), torch.ones(2, 2), 2, (1, 2))
+                else:  # it must refuse a world of one; code that does not is stopped at its
+                    # stage, before it waits for a second rank that is not there
+                    ex.pipeline_step(stage_that_must_not_run(), torch.ones(2, 2), 2, (1, 2))
             _first_calls[exercise] = None
         except NotImplementedError as error:
             _first_calls[exercise] = f"not written yet: {error}"
@@ -191,6 +200,19 @@ def first_call(ex, exercise):
 
 
 _first_calls: dict[str, str | None] = {}
+
+
+class RanTheStage(Exception):
+    pass
+
+
+def stage_that_must_not_run():
+    def refuse(module, args):
+        raise RanTheStage("the stage ran: pipeline_step must refuse a group that is not two "
+                          "ranks before it runs anything")
+    stage = nn.Sequential(nn.Linear(2, 2), nn.Tanh())
+    stage.register_forward_pre_hook(refuse)
+    return stage
 
 
 # --- l8_zero1_optimizer --------------------------------------------------------------------
@@ -211,12 +233,16 @@ def test_zero1_in_a_world_of_one_is_the_plain_optimizer(ex):
             nn.functional.cross_entropy(model(x), y).backward()
             zero.step()
             zero.zero_grad()
+        assert all(p.grad is None for p in model.parameters())
+        nn.functional.cross_entropy(model(x), y).backward()
+        zero.zero_grad(set_to_none=False)
     for _ in range(2):
         nn.functional.cross_entropy(reference(x), y).backward()
         plain.step()
         plain.zero_grad()
     assert list(zero.owners) == [0, 0, 0, 0]
-    assert all(p.grad is None for p in model.parameters())
+    assert all(p.grad is not None and not p.grad.any() for p in model.parameters()), \
+        "zero_grad(set_to_none=False) must leave zeros, not None"
     for p, q in zip(model.parameters(), reference.parameters(), strict=True):
         assert torch.allclose(p, q, atol=1e-6)
 
@@ -242,14 +268,36 @@ def test_zero1_each_rank_keeps_only_its_shards_state(ex, world_size):
 
 
 @pytest.mark.l8_zero1_optimizer
-@pytest.mark.points(1)
+@pytest.mark.points(2)
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_zero1_step_shares_the_parameters_by_broadcast(ex, world_size):
-    """step() communicates by broadcast or all_gather only, the parameters' worth per step:
-    no all_reduce, no messages; and the parameters it shares are the right ones."""
+    """step() communicates by broadcast or all_gather only, exactly the parameters' bytes
+    per step (all_gather: padded to the fullest shard, no more): no all_reduce, no barrier,
+    no messages, no second copy; and the parameters it shares are the right ones."""
     first_call(ex, "zero1")
     assert_ok(world_size, "zero1_gather")
     assert_ok(world_size, "zero1")
+
+
+@pytest.mark.l8_zero1_optimizer
+@pytest.mark.points(2)
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_zero1_in_a_sub_group_ranks_are_group_ranks(ex, world_size):
+    """In the group of global rank 1 alone (W = 2) and of global ranks 1 and 2 (W = 3):
+    the parameters end right, owners are group ranks, each rank steps the shard of its
+    group rank, and step() shares exactly the parameters' bytes within the group."""
+    first_call(ex, "zero1")
+    assert_ok(world_size, "zero1_group")
+
+
+@pytest.mark.l8_zero1_optimizer
+@pytest.mark.points(1)
+def test_zero1_a_rank_may_own_no_parameter(ex):
+    """More ranks than parameters (one at W = 2, two at W = 3): the rank that owns none
+    makes no optimizer, and every rank still ends with the right parameters."""
+    first_call(ex, "zero1")
+    assert_ok(2, "zero1_idle")
+    assert_ok(3, "zero1_idle")
 
 
 @pytest.mark.l8_zero1_optimizer
@@ -266,9 +314,25 @@ def test_zero1_balances_the_shards_by_size(ex):
 @pytest.mark.l8_pipeline_step
 @pytest.mark.points(1)
 def test_pipeline_refuses_a_group_that_is_not_two_ranks(ex):
-    stage = nn.Sequential(nn.Linear(4, 4), nn.Tanh())
-    with world_of_one(), pytest.raises(ValueError):
-        ex.pipeline_step(stage, torch.randn(4, 4), 2, (2, 4))
+    """A world of one (here), a group of one and the world of three (in the jobs): a
+    one-line ValueError, before the stage runs or any message is tried."""
+    with world_of_one(), pytest.raises(ValueError) as refused:
+        ex.pipeline_step(stage_that_must_not_run(), torch.randn(4, 2), 2, (2, 2))
+    assert "\n" not in str(refused.value).strip(), str(refused.value)
+    first_call(ex, "pipeline")
+    assert_ok(2, "pipeline_group_refused")
+    assert_ok(3, "pipeline_group_refused")
+
+
+@pytest.mark.l8_pipeline_step
+@pytest.mark.points(1)
+def test_pipeline_refuses_micro_batches_that_do_not_split_the_batch(ex):
+    """A batch of 10 in 3 micro-batches, and 0 micro-batches, in the world of two and in
+    the group of global ranks 1 and 2: a one-line ValueError on both stages, before either
+    runs its stage or tries a message."""
+    first_call(ex, "pipeline")
+    assert_ok(2, "pipeline_split_refused")
+    assert_ok(3, "pipeline_split_refused")
 
 
 @pytest.mark.l8_pipeline_step

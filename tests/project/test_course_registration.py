@@ -1,7 +1,8 @@
 """Every lesson is registered whole: a lesson half added (CONTRIBUTING.md's checklist) fails here.
 
-A lesson lives in lessons/lessonN/ and registers itself in its lesson.toml (ddpcourse/course/lessons.py
-reads it); the README's syllabus names it. These tests read files only: they take seconds.
+A lesson lives in lessons/lessonN/ and registers itself in its lesson.toml
+(ddpcourse/course/lessons.py reads it); the README's syllabus names it. These tests read files
+only: they take seconds.
 """
 
 import ast

@@ -25,8 +25,8 @@ from datetime import timedelta
 import pytest
 from util import PYTHON, ROOT, run
 
-from ddpcourse.course.grading import summarise
 from ddpcourse.cluster.launch import launch
+from ddpcourse.course.grading import summarise
 from ddpcourse.course.lessons import exercise_markers
 
 pytestmark = pytest.mark.skipif(not (ROOT / "solutions").is_dir(),

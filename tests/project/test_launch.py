@@ -10,8 +10,8 @@ from util import PYTHON, ROOT, run
 from ddpcourse.cli import ArgumentParser
 from ddpcourse.cluster.launch import AgentFailureSummary, LaunchError, launch, torchrun_commands
 
-# make's lesson rule runs `$(VPY) -m ddpcourse.course.lessons`, whose torchrun is the one beside that
-# Python: here the fork server's stand-ins, so the job's processes do not import torch anew.
+# make's lesson rule runs `$(VPY) -m ddpcourse.course.lessons`, whose torchrun is the one beside
+# that Python: here the fork server's stand-ins, so the job's processes do not import torch anew.
 MAKE_PYTHON = f"VPY={PYTHON}"
 
 

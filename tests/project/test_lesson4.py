@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from util import PYTHON, ROOT, run
 
+from ddpcourse.cluster.launch import launch
 from ddpcourse.collectives_draw import (
     FIGURE_ORDER,
     NOT_DEFINED,
@@ -21,7 +22,6 @@ from ddpcourse.collectives_draw import (
     starting_states,
     values,
 )
-from ddpcourse.cluster.launch import launch
 
 
 def sections(stdout: str) -> dict[str, list[list[str]]]:

@@ -10,7 +10,7 @@ import pytest
 from test_grader_catches_mistakes import load_grading_module
 from util import ROOT
 
-from ddpcourse.grading import load_exercises
+from ddpcourse.exercises import load_exercises
 
 pytestmark = pytest.mark.skipif(not (ROOT / "solutions").is_dir(),
                                 reason="this copy of the course has no solutions/")

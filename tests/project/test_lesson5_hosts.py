@@ -215,7 +215,8 @@ def test_without_ip_or_root_it_says_so_and_points_to_the_simulation(monkeypatch)
     if os.geteuid() == 0 and H.shutil.which("setpriv"):  # really not root: user nobody
         # The real interpreter: as nobody, a stand-in could not exec it from /root.
         result = run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", REAL_PYTHON,
-                      "-m", "ddpcourse.cluster.hosts", "run", "scripts/lesson1_whoami.py"], timeout=30)
+                      "-m", "ddpcourse.cluster.hosts", "run", "scripts/lesson1_whoami.py"],
+                     timeout=30)
         assert result.returncode == 2
         assert result.stderr.splitlines() == [
             "error: separate hosts are Linux network namespaces, and creating them needs root "
@@ -432,9 +433,9 @@ def summary(stdout: str) -> dict[str, str]:
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_the_benchmark_runs_across_two_hosts_from_the_command_line():
-    result = run([PYTHON, "-m", "ddpcourse.cluster.hosts", "run", "--hosts", "2", "--link", "100mbit",
-                  "--timeout", "180", "scripts/lesson5_allreduce_hosts.py", "--max-bytes", "1M"],
-                 timeout=220, env={"CUDA_VISIBLE_DEVICES": ""})
+    result = run([PYTHON, "-m", "ddpcourse.cluster.hosts", "run", "--hosts", "2", "--link",
+                  "100mbit", "--timeout", "180", "scripts/experiments/lesson5_allreduce_hosts.py",
+                  "--max-bytes", "1M"], timeout=220, env={"CUDA_VISIBLE_DEVICES": ""})
     assert result.returncode == 0, result.stdout + result.stderr
     out = result.stdout
     commands = [line for line in out.splitlines() if line.startswith("$ ")]
@@ -444,8 +445,8 @@ def test_the_benchmark_runs_across_two_hosts_from_the_command_line():
             r"\$ GLOO_SOCKET_IFNAME=eth0 NCCL_SOCKET_IFNAME=eth0 OMP_NUM_THREADS=1 "
             rf"COURSE_LINK=100mbit ip netns exec ddpc\d+-\d+-h{k} \S*torchrun --nnodes=2 "
             r"--nproc-per-node=1 --rdzv-backend=c10d --rdzv-endpoint=10.213.0.1:29400 "
-            r"--rdzv-id=ddpc\d+-\d+ --max-restarts=0 scripts/lesson5_allreduce_hosts.py "
-            r"--max-bytes 1M", line), line
+            r"--rdzv-id=ddpc\d+-\d+ --max-restarts=0 "
+            r"scripts/experiments/lesson5_allreduce_hosts.py --max-bytes 1M", line), line
     assert "W=2 processes on 2 address(es): rank 0 10.213.0.1, rank 1 10.213.0.2" in out
     s = summary(out)
     assert (s["world_size"], s["hosts"], s["link"], s["at"]) == ("2", "2", "100mbit", "1MB")

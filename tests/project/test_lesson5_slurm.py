@@ -1,4 +1,4 @@
-"""Lesson 5: SLURM, tested against a real one (ddpcourse.cluster.slurm on the hosts of ddpcourse.cluster.hosts).
+"""Lesson 5: SLURM, tested against a real one (ddpcourse.cluster.slurm on the course's hosts).
 
 Without root or SLURM: the batch scripts with a stand-in srun and scontrol (the exact torchrun
 and srun commands they build), the cluster's configuration, and the one-line errors. With
@@ -29,7 +29,7 @@ from ddpcourse.cluster import slurm as S
 REASON = S.unavailable_reason()
 needs_slurm = pytest.mark.skipif(REASON is not None, reason=f"no SLURM cluster here: {REASON}")
 TORCHRUN_SBATCH, SRUN_SBATCH = "scripts/lesson5_slurm.sbatch", "scripts/lesson5_slurm_srun.sbatch"
-WHOAMI = "scripts/lesson5_slurm_whoami.py"
+WHOAMI = "scripts/experiments/lesson5_slurm_whoami.py"
 
 
 def leftovers(pid: int) -> set[str]:
@@ -65,6 +65,7 @@ def processes_in(names: list[str]) -> list[int]:
 
 FAKE_SRUN = """#!/bin/sh
 echo "MASTER_ADDR=${MASTER_ADDR:-} MASTER_PORT=${MASTER_PORT:-}"
+echo "SRUN_CPUS_PER_TASK=${SRUN_CPUS_PER_TASK:-} OMP_NUM_THREADS=${OMP_NUM_THREADS:-}"
 echo "srun $*"
 """
 FAKE_SCONTROL = """#!/bin/sh
@@ -91,9 +92,14 @@ def sbatch_options(script) -> list[str]:
 
 
 def test_the_torchrun_batch_script_starts_one_torchrun_per_node_meeting_on_the_first(tmp_path):
-    assert sbatch_options(TORCHRUN_SBATCH)[1:3] == ["--nodes=2", "--ntasks-per-node=1"]
-    lines = run_batch_script(tmp_path, TORCHRUN_SBATCH, NPROC="3")
+    # one task per node, torchrun, with CPUs for all its processes
+    assert sbatch_options(TORCHRUN_SBATCH)[1:4] == ["--nodes=2", "--ntasks-per-node=1",
+                                                    "--cpus-per-task=8"]
+    lines = run_batch_script(tmp_path, TORCHRUN_SBATCH, NPROC="3", SLURM_CPUS_PER_TASK="8")
     assert lines[0] == "job 42: nodes node07 node08, 3 process(es) each; rendezvous on node07:29500"
+    # srun does not inherit sbatch's --cpus-per-task: handed on, and shared out as threads
+    assert lines[1] == "8 CPU(s) per torchrun and its processes, 2 thread(s) each"
+    assert "SRUN_CPUS_PER_TASK=8 OMP_NUM_THREADS=2" in lines
     assert lines[-1] == ("srun .venv/bin/torchrun --nnodes=2 --nproc-per-node=3 "
                          "--rdzv-backend=c10d --rdzv-endpoint=node07:29500 --rdzv-id=42 "
                          "scripts/lesson1_whoami.py")
@@ -106,11 +112,13 @@ def test_the_torchrun_batch_script_starts_one_torchrun_per_node_meeting_on_the_f
 
 
 def test_the_srun_batch_script_starts_every_process_with_master_addr_set(tmp_path):
-    assert sbatch_options(SRUN_SBATCH)[1:3] == ["--nodes=2", "--ntasks-per-node=2"]
-    lines = run_batch_script(tmp_path, SRUN_SBATCH)
+    assert sbatch_options(SRUN_SBATCH)[1:4] == ["--nodes=2", "--ntasks-per-node=2",
+                                                "--cpus-per-task=4"]
+    lines = run_batch_script(tmp_path, SRUN_SBATCH, SLURM_CPUS_PER_TASK="4")
     assert lines == [
         "job 42: nodes node07 node08, 4 processes; rank 0's store on node07:29500",
         "MASTER_ADDR=node07 MASTER_PORT=29500",
+        "SRUN_CPUS_PER_TASK=4 OMP_NUM_THREADS=4",  # each process's CPUs, used as threads
         f"srun --kill-on-bad-exit=1 .venv/bin/python {WHOAMI}"]
 
 
@@ -337,8 +345,8 @@ def test_ctrl_c_while_a_job_runs_removes_the_cluster(tmp_path):
     script.write_text("#!/bin/sh\necho started\nsleep 60\n")
     # SIGINT as a terminal would deliver it: a test run started in the background by a
     # shell inherits SIGINT ignored, and so would this child.
-    child = subprocess.Popen([PYTHON, "-m", "ddpcourse.cluster.slurm", "run", str(script)], cwd=ROOT,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    child = subprocess.Popen([PYTHON, "-m", "ddpcourse.cluster.slurm", "run", str(script)],
+                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                              env=dict(os.environ, PYTHONFAULTHANDLER="1"),
                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     lines = []

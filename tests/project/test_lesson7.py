@@ -1,8 +1,11 @@
-"""Lesson 7 run for real: communication overlaps backward in a profiler trace; no_sync equals
-the big batch and sends K times less; the hand-built SyncBatchNorm matches one process on the
-whole batch; bf16 autocast runs and halves what autograd keeps; DDP's knobs answer their
-errors; the loader benchmark prints its numbers and the seeds repeat when set wrong; a dataset
-shared through /dev/shm costs the other processes almost no memory of their own.
+"""Lesson 7 run for real. The steps are lesson3_ddp.py plus one idea, and each does what its
+idea says: the hand-built buckets, the DDP knobs and the loader workers train exactly as
+lesson 3 does; no_sync accumulation equals the whole batch; SyncBatchNorm on two processes
+equals one process; autocast changes the numbers a little, not the training. The
+experiments: communication overlaps backward in a profiler trace; DDP's first bucket is small
+only with the default cap; no_sync sends K times less; bf16 autocast halves what autograd
+keeps; DDP's knobs answer their errors; the seeds repeat when set wrong; a dataset shared
+through /dev/shm costs the other processes almost no memory of their own.
 
 Every job is launched once (module-scoped fixtures) with the arguments notebooks/lesson7.ipynb
 uses, so the test session's job cache runs each once for both.
@@ -25,23 +28,30 @@ from ddpcourse.speed_draw import (
 )
 
 NOTEBOOK_RUNS = "runs/lesson7_notebook"
-OVERLAP = ["--model", "test_resnet", "--bucket-cap-mb", "0.25", "--ddp-caps", "0.25,default",
+STEP = ["--epochs", "1"]  # one epoch of lesson 3's model and data
+VIT = ["--model", "test_vit", "--batch-size", "240", "--epochs", "1"]  # no BatchNorm, 3 x 4 x 20
+OVERLAP = ["--model", "test_resnet", "--bucket-cap-mb", "0.25", "--ddp-caps", "0.25,default,25",
            "--steps", "2", "--rounds", "1", "--trace", f"{NOTEBOOK_RUNS}/trace"]
 ACCUMULATE = ["--accumulation", "4", "--micro-batch", "4", "--steps", "2"]
 SYNC_BN = ["--steps", "3", "--batch-size", "24"]
-AMP = ["--model", "test_resnet", "--image-size", "16", "--steps", "3"]
-KNOBS = ["--steps", "4", "--hook-steps", "4"]
+AMP = ["--model", "test_resnet", "--image-size", "16", "--steps", "2"]
+KNOBS = ["--steps", "4", "--hook-steps", "4", "--rounds", "1", "--orders", "1"]
 SHARED = ["--dataset-mb", "64", "--json", f"{NOTEBOOK_RUNS}/shared_memory.json"]
 BATCH = ["--smallest", "32", "--largest", "256", "--memory-budget-mb", "12", "--steps", "1",
          "--train-epochs", "1", "--compare", "2"]
 SOLUTIONS = (ROOT / "solutions" / "lesson7" / "exercises.py").exists()
 
 
-def job(script, args, nproc):
+def job(script, args, nproc, expect=0):
     result = launch(f"scripts/{script}", args, nproc=nproc, timeout=170, cwd=str(ROOT),
                     capture=True, echo=False, backend="gloo")
-    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
-    return result.stdout
+    assert result.returncode == expect, (result.stdout + result.stderr)[-3000:]
+    return result.stdout if expect == 0 else result.stderr
+
+
+def summary(out: str) -> dict[str, str]:
+    line = next(line for line in out.splitlines() if line.startswith("summary: "))
+    return dict(item.split("=", 1) for item in line.split()[1:])
 
 
 def table(out: str, first_header: str) -> list[dict]:
@@ -126,13 +136,93 @@ def test_the_lesson_figures_draw_from_the_recorded_runs():
     assert recorded("overlap_spans.json")["ranks"][0]["bucketed"]["comm"]
 
 
+# --- the steps: lesson 3 plus one idea each -------------------------------------------------
+
+@pytest.fixture(scope="module")
+def lesson3():
+    """lesson3_ddp.py for one epoch on 2 processes (the steps' baseline) and on 1."""
+    return {nproc: summary(job("lesson3_ddp.py", STEP, nproc)) for nproc in (1, 2)}
+
+
+def same_training(a: dict, b: dict) -> bool:
+    """The same losses and accuracies, to float rounding (printed to 4 digits)."""
+    return abs(float(a["train_loss"]) - float(b["train_loss"])) < 2e-3 and \
+        abs(float(a["val_acc"]) - float(b["val_acc"])) < 0.01
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_buckets_knobs_and_loader_workers_train_exactly_as_lesson_3(lesson3):
+    """Each changes how gradients travel or batches arrive, never what is computed."""
+    knobs = summary(job("lesson7_ddp_knobs.py", [*STEP, "--bucket-cap-mb", "0.25"], 2))
+    loader = summary(job("lesson7_dataloader.py", [*STEP, "--workers", "2"], 2))
+    assert knobs["comm_hook"] == "none" and same_training(knobs, lesson3[2]), (knobs, lesson3)
+    assert same_training(loader, lesson3[2]), (loader, lesson3)
+    if SOLUTIONS:  # the step runs the exercise's BucketedAllReduce
+        buckets = summary(job("lesson7_overlap.py", STEP, 2))
+        assert same_training(buckets, lesson3[2]), (buckets, lesson3)
+    else:
+        error = job("lesson7_overlap.py", STEP, 2, expect=1)
+        assert "error: BucketedAllReduce is not written yet" in error
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_sync_batchnorm_on_two_processes_trains_as_one_process_does(lesson3):
+    """Lesson 3's BatchNorm row: DDP on 2 processes differs from one process. Converted, the
+    BatchNorm layers see the statistics of both halves of the batch: one process again."""
+    assert not same_training(lesson3[1], lesson3[2])
+    if not SOLUTIONS:  # a student copy: on the CPU the step needs the exercise
+        error = job("lesson7_sync_batchnorm.py", STEP, 2, expect=1)
+        assert "error: sync_batch_norm is not written yet" in error
+        return
+    synced = summary(job("lesson7_sync_batchnorm.py", STEP, 2))
+    assert same_training(synced, lesson3[1]), (synced, lesson3)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_accumulating_four_micro_batches_trains_as_the_whole_batch():
+    """test_vit has no BatchNorm: K = 4 micro-batches of 20 per process and one all-reduce
+    per step give lesson 3's training on batches of 80 per process, to float rounding."""
+    whole = summary(job("lesson3_ddp.py", VIT, 3))
+    accumulated = summary(job("lesson7_accumulate.py", VIT, 3))
+    assert (accumulated["accumulation"], accumulated["micro_batch"]) == ("4", "20")
+    assert abs(float(accumulated["train_loss"]) - float(whole["train_loss"])) < 1e-3
+    assert accumulated["val_acc"] == whole["val_acc"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_autocast_trains_close_to_fp32_and_fp16_needs_a_gpu(lesson3):
+    bf16 = summary(job("lesson7_mixed_precision.py", STEP, 2))
+    assert bf16["precision"] == "bf16"
+    loss, fp32 = float(bf16["train_loss"]), float(lesson3[2]["train_loss"])
+    assert loss != fp32 and abs(loss - fp32) < 0.05 * fp32  # other rounding, same training
+    error = job("lesson7_mixed_precision.py", ["--precision", "fp16", "--epochs", "0"], 1,
+                expect=1)
+    assert "error: --precision fp16 needs a CUDA GPU; on the CPU use bf16" in error
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_steps_refuse_bad_arguments_in_one_line():
+    for script, args, message in [
+            ("lesson7_accumulate.py", ["--accumulation", "0"], "--accumulation >= 1"),
+            ("lesson7_ddp_knobs.py", ["--bucket-cap-mb", "0"], "--bucket-cap-mb > 0"),
+            ("lesson7_dataloader.py", ["--workers", "-1"], "--workers >= 0")]:
+        result = run([PYTHON, f"scripts/{script}", *args], timeout=50)
+        lines = result.stderr.strip().splitlines()
+        assert result.returncode == 2 and message in lines[-1], result.stderr
+
+
 # --- overlap: hooks, buckets, and the trace -------------------------------------------------
 
 @pytest.fixture(scope="module")
 def overlap():
     if not SOLUTIONS:  # the hand-built modes run the exercise, a stub in a student copy
         pytest.skip("the hand-built modes need the reference of l7_bucketed_allreduce")
-    return job("lesson7_overlap.py", OVERLAP, 2)
+    return job("experiments/lesson7_overlap_bench.py", OVERLAP, 2)
 
 
 @pytest.mark.slow
@@ -140,10 +230,14 @@ def overlap():
 def test_every_way_of_averaging_gives_ddps_gradients(overlap):
     rows = {row["mode"]: row for row in table(overlap, "mode ")}
     assert list(rows) == ["no-comm", "after", "per-param", "bucketed", "ddp:0.25",
-                          "ddp:default"]
-    assert rows["after"]["all-reduces/step"] == rows["per-param"]["all-reduces/step"] == "47"
-    assert 1 < int(rows["bucketed"]["all-reduces/step"]) < 47  # 1.4 MB in 0.25 MB buckets
-    assert int(rows["ddp:0.25"]["all-reduces/step"]) > int(rows["ddp:default"]["all-reduces/step"])
+                          "ddp:default", "ddp:25"]
+    sends = {mode: int(row["all-reduces/step"]) for mode, row in rows.items()}
+    assert sends["after"] == sends["per-param"] == 47
+    assert 1 < sends["bucketed"] < 47  # 1.4 MB in 0.25 MB buckets
+    assert sends["ddp:0.25"] > sends["ddp:default"]
+    # 1.4 MB of gradients: the default cap's 1 MB first bucket splits them in two; a cap
+    # given, even DDP's default 25, has no smaller first bucket, so they travel as one.
+    assert (sends["ddp:default"], sends["ddp:25"]) == (2, 1)
     assert all(float(row["ms/step"]) > 0 for row in rows.values())
     diff = re.search(r"^check: every mode's averaged gradients match DDP's within (\S+)$",
                      overlap, re.M)
@@ -175,7 +269,7 @@ def test_the_trace_shows_all_reduces_starting_before_backward_ends(overlap):
 @pytest.mark.slow
 @pytest.mark.timeout(200)
 def test_no_sync_equals_the_big_batch_and_sends_k_times_less():
-    out = job("lesson7_accumulate.py", ACCUMULATE, 3)
+    out = job("experiments/lesson7_accumulate_check.py", ACCUMULATE, 3)
     rows = {row["way"]: row for row in table(out, "way ")}
     assert set(rows) == {"big batch", "no_sync", "every pass"}
     for row in rows.values():
@@ -192,7 +286,7 @@ def test_no_sync_equals_the_big_batch_and_sends_k_times_less():
 @pytest.mark.slow
 @pytest.mark.timeout(200)
 def test_hand_built_sync_batchnorm_matches_one_process_on_the_whole_batch():
-    out = job("lesson7_sync_batchnorm.py", SYNC_BN, 3)
+    out = job("experiments/lesson7_sync_batchnorm_check.py", SYNC_BN, 3)
     rows = {row["normalisation"]: row for row in table(out, "normalisation ")}
     assert float(rows["BatchNorm"]["max |DDP - one process|"]) > 1e-3  # lesson 3's row
     assert rows["nn.SyncBatchNorm"]["verdict"].startswith("refused: SyncBatchNorm layers only")
@@ -211,7 +305,7 @@ def test_hand_built_sync_batchnorm_matches_one_process_on_the_whole_batch():
 @pytest.mark.slow
 @pytest.mark.timeout(200)
 def test_bf16_autocast_casts_the_convolutions_and_keeps_the_loss_and_weights_in_fp32():
-    out = job("lesson7_mixed_precision.py", AMP, 2)
+    out = job("experiments/lesson7_amp_bench.py", AMP, 2)
     assert "note: fp16 with GradScaler runs on CUDA GPUs only; left out on the cpu" in out
     casts = {row["layer"]: row for row in table(out, "layer ")}
     assert casts["Conv2d"]["bf16"] == casts["Linear"]["bf16"] == "bfloat16"
@@ -229,7 +323,7 @@ def test_bf16_autocast_casts_the_convolutions_and_keeps_the_loss_and_weights_in_
 @pytest.mark.slow
 @pytest.mark.timeout(200)
 def test_each_knob_answers_its_error_and_compression_has_a_measured_cost():
-    out = job("lesson7_ddp_knobs.py", KNOBS, 2)
+    out = job("experiments/lesson7_knobs_bench.py", KNOBS, 2)
     unused = {(r["case"], r["knob"]): r["result"] for r in table(out, "case ")}
     for case in ("aux never used", "aux used on odd steps"):
         assert unused[(case, "defaults")].startswith("error at step 2: Expected to have "
@@ -243,11 +337,12 @@ def test_each_knob_answers_its_error_and_compression_has_a_measured_cost():
     buffers = {r["forward_sync_buffers"]: r for r in table(out, "forward_sync_buffers")}
     assert set(buffers) == {"True", "False"}
     hooks = {r["comm hook"]: r for r in table(out, "comm hook")}
+    assert set(hooks) == {"none", "fp16", "bf16"}
     error = {name: float(r["gradient error (median, max)"].split(",")[0])
              for name, r in hooks.items()}
-    assert error["none (fp32)"] < 1e-6 < error["fp16_compress_hook"] < error["bf16_compress_hook"]
-    assert error["bf16_compress_hook"] < 1e-2  # 8 bits of mantissa: about 2^-9 relative
-    assert hooks["fp16_compress_hook"]["bytes sent per value"] == "2"
+    assert error["none"] < 1e-6 < error["fp16"] < error["bf16"]
+    assert error["bf16"] < 1e-2  # 8 bits of mantissa: about 2^-9 relative
+    assert hooks["fp16"]["bytes sent per value"] == "2"
 
 
 # --- data loading -------------------------------------------------------------------------
@@ -255,14 +350,15 @@ def test_each_knob_answers_its_error_and_compression_has_a_measured_cost():
 @pytest.mark.slow
 @pytest.mark.timeout(200)
 def test_the_loader_benchmark_prints_its_numbers_and_bad_seeds_repeat_draws(tmp_path):
-    result = run([PYTHON, "scripts/lesson7_dataloader.py", "--workers", "0,2", "--batches",
-                  "3", "--epochs", "2", "--batch-size", "16", "--image-size", "32",
-                  "--skip-training", "--json", str(tmp_path / "loader.json")], timeout=170)
+    result = run([PYTHON, "scripts/experiments/lesson7_loader_bench.py", "--workers", "0,2",
+                  "--batches", "3", "--epochs", "2", "--batch-size", "16", "--image-size",
+                  "32", "--rounds", "1", "--skip-training", "--json",
+                  str(tmp_path / "loader.json")], timeout=170)
     out = result.stdout
     assert result.returncode == 0, (out + result.stderr)[-3000:]
     scaling = table(out, "num_workers  loader alone")
     assert [r["num_workers"] for r in scaling] == ["0", "2"]
-    assert all(float(r["loader alone samples/s"]) > 0 for r in scaling)
+    assert all(float(r["loader alone samples/s"].split()[0]) > 0 for r in scaling)
     assert [r["prefetch_factor"] for r in table(out, "num_workers  prefetch_factor")] == \
         ["1", "2", "4"]
     assert len(table(out, "persistent_workers")) == 2
@@ -281,8 +377,8 @@ def test_the_loader_benchmark_prints_its_numbers_and_bad_seeds_repeat_draws(tmp_
 @pytest.mark.slow
 @pytest.mark.timeout(200)
 def test_a_shared_dataset_costs_the_other_processes_almost_nothing_of_their_own():
-    copy = job("lesson7_shared_dataset.py", ["--mode", "copy", *SHARED], 3)
-    shared = job("lesson7_shared_dataset.py", ["--mode", "shared", *SHARED], 3)
+    copy = job("experiments/lesson7_shared_dataset.py", ["--mode", "copy", *SHARED], 3)
+    shared = job("experiments/lesson7_shared_dataset.py", ["--mode", "shared", *SHARED], 3)
     for out in (copy, shared):
         assert "check: every process read the same data: True" in out
     dataset = 64.0
@@ -302,7 +398,7 @@ def test_a_shared_dataset_costs_the_other_processes_almost_nothing_of_their_own(
 @pytest.mark.slow
 @pytest.mark.timeout(200)
 def test_the_batch_grows_until_the_budget_and_the_rate_follows_the_rule():
-    out = job("lesson7_batch_size.py", BATCH, 2)
+    out = job("experiments/lesson7_batch_size.py", BATCH, 2)
     rows = table(out, "batch/process")
     assert [r["fits"] for r in rows][-1] == "no" and all(r["fits"] == "yes" for r in rows[:-1])
     memory = [float(r["step memory MB"]) for r in rows]
@@ -320,7 +416,8 @@ def test_the_batch_grows_until_the_budget_and_the_rate_follows_the_rule():
 @pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_bad_arguments_give_one_line():
-    result = run([PYTHON, "scripts/lesson7_overlap.py", "--modes", "after,fastest"], timeout=50)
+    result = run([PYTHON, "scripts/experiments/lesson7_overlap_bench.py", "--modes",
+                  "after,fastest"], timeout=50)
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 2 and len(lines) == 1, result.stderr
     assert "--modes takes some of no-comm,after,per-param,bucketed,ddp" in lines[0]

@@ -10,7 +10,7 @@ from util import ROOT
 from ddpcourse.figures import figure_functions, write_figures
 
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
-READINGS = sorted((ROOT / "lessons").glob("lesson*/README.md")) + [ROOT / "README.md"]
+READINGS = sorted((ROOT / "lessons").glob("lesson*/*.md")) + [ROOT / "README.md"]
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
@@ -62,7 +62,9 @@ def test_local_links_in_readings_resolve(reading):
 
 # The progression the readings teach by diff: each script is the one before plus its lesson.
 SCRIPT_STEPS = [("lesson2_single_device", "lesson2_data_parallel"),
-                ("lesson2_single_device", "lesson3_ddp"), ("lesson3_ddp", "lesson3_ddp_spawn")]
+                ("lesson2_single_device", "lesson3_ddp"), ("lesson3_ddp", "lesson3_ddp_spawn"),
+                ("lesson3_ddp", "lesson6_resumable"), ("lesson3_ddp", "lesson5_model_split"),
+                ("lesson3_ddp", "lesson7_accumulate"), ("lesson3_ddp", "lesson7_dataloader")]
 
 
 def test_diffs_in_the_readings_are_the_diffs_of_the_scripts():

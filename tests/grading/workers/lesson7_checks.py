@@ -73,6 +73,26 @@ def all_reduced(collectives) -> int:
     return sum(c.numel for c in collectives if "allreduce" in c.op or "all_reduce" in c.op)
 
 
+def sub_groups():
+    """(this rank's group, its global ranks): the even ranks and the odd ones, each a group.
+    Every rank creates every group (torch requires it), in the same order."""
+    parts = [list(range(0, WORLD, 2)), list(range(1, WORLD, 2))]
+    groups = [dist.new_group(ranks) for ranks in parts]
+    mine = next(i for i, ranks in enumerate(parts) if RANK in ranks)
+    return groups[mine], parts[mine]
+
+
+def group_name(ranks) -> str:
+    return f"the group of ranks {{{', '.join(map(str, ranks))}}}"
+
+
+def outside_the_group(collectives, ranks) -> list[str]:
+    """The collectives that ran on another group than `ranks` (None: not known, not held
+    against the code)."""
+    return sorted({f"{c.op} on ranks {list(c.ranks)}" for c in collectives
+                   if c.ranks is not None and list(c.ranks) != list(ranks)})
+
+
 # --- l7_bucketed_allreduce ----------------------------------------------------------------
 
 def layered_model(seed=0):
@@ -96,7 +116,7 @@ class Watch:
     def __init__(self):
         self.phase = None
         self.pending = 0
-        self.launches = []   # (op, numel, phase, pending, async_op)
+        self.launches = []   # (Collective, phase, pending, async_op)
         self.waits = []      # phase of each Work.wait()
 
 
@@ -114,8 +134,7 @@ class Launches(Traffic):
                 async_op = (args[4] if name == "c10d::allreduce_" and len(args) > 4
                             else (kwargs or {}).get("asyncOp", True))
                 w = self.watch
-                w.launches.append((name, self.collectives[-1].numel, w.phase, w.pending,
-                                   bool(async_op)))
+                w.launches.append((self.collectives[-1], w.phase, w.pending, bool(async_op)))
             return result
         return func(*args, **(kwargs or {}))
 
@@ -199,40 +218,46 @@ def run_bucketed(ex, cap, frozen, group, group_ranks):
 
 
 def expected_buckets(params, cap):
-    """The buckets by the rule in bucket_assignment's docstring (the grader's own copy)."""
+    """The buckets' bytes by the rule in bucket_assignment's docstring (the grader's own
+    copy)."""
     buckets, filled = [], 0
     for p in reversed(params):
         size = p.numel() * p.element_size()
         if buckets and filled + size <= cap:
-            buckets[-1] += p.numel()
+            buckets[-1] += size
             filled += size
         else:
-            buckets.append(p.numel())
+            buckets.append(size)
             filled = size
     return sorted(buckets)
 
 
-def bucket_problems(params, cap, step, watch):
-    want = expected_buckets(params, cap)
-    got = sorted(numel for op, numel, *_ in watch.launches)
-    ops = {op for op, *_ in watch.launches}
-    where = f"rank {RANK}, cap {cap} bytes, step {step + 1}"
+def bucket_problems(params, cap, where, ranks, watch):
+    collectives = [c for c, *_ in watch.launches]
+    ops = {c.op for c in collectives}
     if ops - {"c10d::allreduce_"}:
         return [f"{where}: collectives other than all_reduce: {sorted(ops)}"]
+    elsewhere = outside_the_group(collectives, ranks)
+    if elsewhere:
+        return [f"{where}: all-reduces outside {group_name(ranks)}, the group given: "
+                f"{elsewhere}"]
+    want = expected_buckets(params, cap)
+    got = sorted(c.nbytes for c in collectives)
     if got == want:
         return []
-    alone = {p.numel() for p in params}  # a parameter over the cap has a bucket of its own
-    too_big = [n for n in got if n * 4 > cap and n not in alone]
-    return [f"{where}: {len(got)} all-reduces of {got} values; the buckets hold {want} "
-            f"values ({len(params)} parameters)" + (f"; {too_big} over the cap" if too_big else "")]
+    alone = {p.numel() * p.element_size() for p in params}  # over the cap: a bucket alone
+    too_big = [n for n in got if n > cap and n not in alone]
+    values = sorted(c.numel for c in collectives)
+    return [f"{where}: {len(got)} all-reduces of {got} bytes ({values} values); the buckets "
+            f"hold {want} bytes of float32 gradients ({len(params)} parameters)"
+            + (f"; {too_big} bytes over the cap" if too_big else "")]
 
 
-def overlap_problems(cap, step, watch):
-    where = f"rank {RANK}, cap {cap} bytes, step {step + 1}"
+def overlap_problems(where, watch):
     launches = watch.launches
     if not launches:
         return [f"{where}: no all-reduce was started"]
-    late = [numel for _, numel, phase, *_ in launches if phase != "backward"]
+    late = [launch for launch in launches if launch[1] != "backward"]
     if late:
         return [f"{where}: {len(late)} of {len(launches)} all-reduces started after backward "
                 "(in finish), so none of the communication overlaps backward's computation"]
@@ -245,7 +270,7 @@ def overlap_problems(cap, step, watch):
         return [f"{where}: {waited} waits during backward (Work.wait or its future): the hooks "
                 "waited for their all-reduce, so backward stood still while it ran (wait in "
                 "finish)"]
-    early = sum(1 for *_, pending, _ in launches if pending > 0)
+    early = sum(1 for _, _, pending, _ in launches if pending > 0)
     if early < len(launches) - 1:
         return [f"{where}: only {early} of {len(launches)} all-reduces started while "
                 "gradients were still to come: a bucket's all-reduce starts as soon as its "
@@ -255,24 +280,20 @@ def overlap_problems(cap, step, watch):
 
 def check_bucketed(ex):
     result, buckets, overlap = [], [], []
-    cases = [(cap, frozen, None, list(range(WORLD))) for cap, frozen in CONFIGS]
-    pair = dist.new_group([0, 1]) if WORLD > 2 else None
-    if pair is not None:
-        cases.append((1100, None, pair, [0, 1]))
+    world = list(range(WORLD))
+    cases = [(cap, frozen, None, world) for cap, frozen in CONFIGS]
+    group, ranks = sub_groups()
+    cases.append((CONFIGS[0][0], None, group, ranks))
     counts = []
     for cap, frozen, group, ranks in cases:
-        if RANK not in ranks:
-            continue
         params, steps = run_bucketed(ex, cap, frozen, group, ranks)
+        in_group = "" if group is None else f" (in {group_name(ranks)}: the mean over it)"
         for step, (problems, watch) in enumerate(steps):
-            if group is not None and problems:
-                problems = [p + " (in a group of ranks 0 and 1: the mean over the group)"
-                            for p in problems]
-            result += problems
-            if group is None:
-                buckets += bucket_problems(params, cap, step, watch)
-                overlap += overlap_problems(cap, step, watch)
-                counts.append(len(watch.launches))
+            where = f"rank {RANK}, cap {cap} bytes, step {step + 1}{in_group}"
+            result += [p + in_group for p in problems]
+            buckets += bucket_problems(params, cap, where, ranks, watch)
+            overlap += overlap_problems(where, watch)
+            counts.append(len(watch.launches))
     if result:  # the mechanism counts only with the right gradients
         buckets = overlap = [f"rank {RANK}: the gradients are wrong (see bucketed_result)"]
     note = f"all-reduces per step: {counts}"
@@ -283,71 +304,120 @@ def check_bucketed(ex):
 # --- l7_sync_batchnorm --------------------------------------------------------------------
 
 CHANNELS = 3
-# Per rank and pass: the statistics (2C + 1 values, W times over for an all_gather, which
-# counts what it receives), never the batch (at least 96 values per rank in the first call).
-MAX_VALUES = 4 * (CHANNELS + 1) * WORLD
+# Per rank and pass: the statistics (2C + 1 values, float32 or float64; W times over for
+# an all_gather, which counts what it receives), never the batch (far more in the first call).
+BYTES_PER_RANK = 16 * (CHANNELS + 1)
 
 
-def rank_sizes():
-    return [2 + 3 * r for r in range(WORLD)]  # 2, 5, 8: unequal batches
+def batch_of_channels(shape, eps, generator):
+    """Channel 0 spread widely; channel 1 near-constant, with a variance near eps, where
+    sqrt(var + eps), sqrt(var) + eps and sqrt(var) differ by half or more; channel 2
+    constant, variance exactly 0 (0.5 and its square are exact in float32, so every right
+    way of computing it gets 0)."""
+    x = torch.randn(shape, generator=generator)
+    x[:, 0] = x[:, 0] * 2 + 1.5
+    x[:, 1] = x[:, 1] * (0.8 * eps ** 0.5) + 0.02
+    x[:, 2] = 0.5
+    return x
+
+
+def per_channel(values, like):
+    return values.view(1, -1, *[1] * (like.dim() - 2))
+
+
+def sync_bn_call(ex, call, group, ranks, buffers, generator):
+    """One call of the graded code on this rank's rows of a batch split over the group,
+    against F.batch_norm (in float64) on the whole batch. Returns the problems per verdict
+    (forward, backward, traffic) and where."""
+    sizes, extra, momentum, eps = call
+    shape = (sum(sizes), CHANNELS, *extra)
+    x_all = batch_of_channels(shape, eps, generator)
+    dy_all = torch.randn(shape, generator=generator)
+    weight0 = torch.rand(CHANNELS, generator=generator) + 0.5
+    bias0 = torch.randn(CHANNELS, generator=generator)
+    position = ranks.index(RANK)
+    lo, hi = sum(sizes[:position]), sum(sizes[:position + 1])
+    where = (f"rank {RANK}, input {(hi - lo, *shape[1:])}, eps {eps:g}, momentum {momentum:g}"
+             + ("" if group is None else f", in {group_name(ranks)}"))
+    (mean_ref, var_ref), (mean_mine, var_mine) = buffers
+    # the reference: BatchNorm on the group's batches together, in float64
+    x_ref = x_all.double().requires_grad_(True)
+    w_ref = weight0.double().requires_grad_(True)
+    b_ref = bias0.double().requires_grad_(True)
+    y_ref = F.batch_norm(x_ref, mean_ref, var_ref, w_ref, b_ref, training=True,
+                         momentum=momentum, eps=eps)
+    (y_ref * dy_all.double()).sum().backward()
+    x_hat = ((y_ref - per_channel(b_ref, x_ref)) / per_channel(w_ref, x_ref)).detach()
+    dims = [0, *range(2, x_all.dim())]
+    w_share = (dy_all[lo:hi] * x_hat[lo:hi]).sum(dims)
+    b_share = dy_all[lo:hi].sum(dims)
+    # the graded code on this rank's rows
+    x = x_all[lo:hi].clone().requires_grad_(True)
+    w, b = weight0.clone().requires_grad_(True), bias0.clone().requires_grad_(True)
+    forward, backward, traffic = [], [], []
+    with Traffic() as seen_forward:
+        y = ex.sync_batch_norm(x, mean_mine, var_mine, w, b, momentum=momentum, eps=eps,
+                               group=group)
+    want = y_ref[lo:hi].float()
+    if not torch.allclose(y, want, rtol=1e-4, atol=1e-4):
+        worst = (y - want).abs().amax(dim=dims)
+        forward.append(f"{where}: the output differs from BatchNorm's on the group's batches "
+                       f"by up to {[f'{v:.1e}' for v in worst.tolist()]} in channels 0, 1 "
+                       "(variance near eps), 2 (constant)")
+    with Traffic() as seen_backward:
+        (y * dy_all[lo:hi]).sum().backward()
+    for name, got, want in [("input", x.grad, x_ref.grad[lo:hi]),
+                            ("weight", w.grad, w_share), ("bias", b.grad, b_share)]:
+        if got is None or not torch.allclose(got, want.float(), rtol=1e-4, atol=1e-4):
+            backward.append(f"{where}: the gradient of {name} is wrong" + (
+                "" if name == "input" else " (this rank's share: the sum over its own "
+                "values)"))
+            break
+    most = BYTES_PER_RANK * len(ranks)
+    for seen, part in ((seen_forward, "forward"), (seen_backward, "backward")):
+        sent = sum(c.nbytes for c in seen.collectives)
+        elsewhere = outside_the_group(seen.collectives, ranks)
+        if elsewhere:
+            traffic.append(f"{where}: the {part} ran collectives outside "
+                           f"{group_name(ranks)}, the group given: {elsewhere}")
+        elif sent > most:
+            traffic.append(f"{where}: the {part} communicated {sent} bytes; the statistics of "
+                           f"{CHANNELS} channels on {len(ranks)} ranks take at most {most} "
+                           f"(this rank's input holds {x.numel() * x.element_size()})")
+    return forward, backward, traffic
+
+
+# (the ranks' batch sizes, the dimensions after C, momentum, eps) of each call
+WORLD_CALLS = [([2 + 3 * r for r in range(WORLD)], (4, 4), 0.1, 1e-5),
+               ([1 + 3 * r for r in range(WORLD)], (), 0.3, 1e-3)]
 
 
 def check_sync_bn(ex):
     forward, backward, running, traffic = [], [], [], []
-    g = torch.Generator().manual_seed(11)
-    weight0 = torch.rand(CHANNELS, generator=g) + 0.5
-    bias0 = torch.randn(CHANNELS, generator=g)
-    mean_ref, var_ref = torch.zeros(CHANNELS), torch.ones(CHANNELS)
-    mean_mine, var_mine = torch.zeros(CHANNELS), torch.ones(CHANNELS)
-    for call, extra in enumerate([(4, 4), ()]):
-        sizes = [n + call for n in rank_sizes()]
-        shape = (sum(sizes), CHANNELS, *extra)
-        x_all = torch.randn(shape, generator=g) * 2 + 1.5
-        dy_all = torch.randn(shape, generator=g)
-        lo, hi = sum(sizes[:RANK]), sum(sizes[:RANK + 1])
-        where = f"rank {RANK}, input {tuple(x_all[lo:hi].shape)}"
-        # the reference: BatchNorm on every rank's batch together
-        x_ref = x_all.clone().requires_grad_(True)
-        w_ref, b_ref = weight0.clone().requires_grad_(True), bias0.clone().requires_grad_(True)
-        y_ref = F.batch_norm(x_ref, mean_ref, var_ref, w_ref, b_ref, training=True,
-                             momentum=0.1, eps=1e-5)
-        (y_ref * dy_all).sum().backward()
-        x_hat = ((y_ref - b_ref.view(1, -1, *[1] * len(extra))) /
-                 w_ref.view(1, -1, *[1] * len(extra))).detach()
-        dims = [0, *range(2, x_all.dim())]
-        w_share = (dy_all[lo:hi] * x_hat[lo:hi]).sum(dims)
-        b_share = dy_all[lo:hi].sum(dims)
-        # the graded code on this rank's rows
-        x = x_all[lo:hi].clone().requires_grad_(True)
-        w, b = weight0.clone().requires_grad_(True), bias0.clone().requires_grad_(True)
-        with Traffic() as seen_forward:
-            y = ex.sync_batch_norm(x, mean_mine, var_mine, w, b, momentum=0.1, eps=1e-5)
-        if not torch.allclose(y, y_ref[lo:hi], rtol=1e-4, atol=1e-4):
-            forward.append(f"{where}: the output differs from BatchNorm's on all ranks' "
-                           f"batches by {(y - y_ref[lo:hi]).abs().max():.2e}")
-        with Traffic() as seen_backward:
-            (y * dy_all[lo:hi]).sum().backward()
-        for name, got, want in [("input", x.grad, x_ref.grad[lo:hi]),
-                                ("weight", w.grad, w_share), ("bias", b.grad, b_share)]:
-            if got is None or not torch.allclose(got, want, rtol=1e-4, atol=1e-4):
-                backward.append(f"{where}: the gradient of {name} is wrong" + (
-                    "" if name == "input" else " (this rank's share: the sum over its own "
-                    "values)"))
-                break
-        for seen, part in ((seen_forward, "forward"), (seen_backward, "backward")):
-            values = sum(c.numel for c in seen.collectives)
-            if call == 0 and values > MAX_VALUES:
-                traffic.append(f"{where}: the {part} communicated {values} values; the "
-                               f"statistics of {CHANNELS} channels on {WORLD} ranks take at "
-                               f"most {MAX_VALUES} (this rank's input holds {x.numel()})")
-    for name, got, want in [("running_mean", mean_mine, mean_ref),
-                            ("running_var", var_mine, var_ref)]:
-        if not torch.allclose(got, want, rtol=1e-5, atol=1e-5):
-            running.append(f"rank {RANK}: {name} is {[round(v, 5) for v in got.tolist()]}, "
-                           f"BatchNorm's {[round(v, 5) for v in want.tolist()]}"
-                           + (" (the unbiased variance?)" if name == "running_var" else ""))
-    if forward:
-        traffic = [f"rank {RANK}: the output is wrong (see sync_bn_forward)"]
+    group, ranks = sub_groups()
+    for in_group in (False, True):
+        g = torch.Generator().manual_seed(11 + (ranks[0] if in_group else WORLD))
+        calls = ([([4 + 2 * i for i in range(len(ranks))], (3,), 0.2, 1e-4)] if in_group
+                 else WORLD_CALLS)
+        buffers = ((torch.zeros(CHANNELS, dtype=torch.float64),
+                    torch.ones(CHANNELS, dtype=torch.float64)),
+                   (torch.zeros(CHANNELS), torch.ones(CHANNELS)))
+        for call in calls:
+            problems = sync_bn_call(ex, call, group if in_group else None,
+                                    ranks if in_group else list(range(WORLD)), buffers, g)
+            for found, verdict in zip(problems, (forward, backward, traffic), strict=True):
+                verdict += found
+        where = f"rank {RANK}" + (f", in {group_name(ranks)}" if in_group else "")
+        (mean_ref, var_ref), (mean_mine, var_mine) = buffers
+        for name, got, want in [("running_mean", mean_mine, mean_ref),
+                                ("running_var", var_mine, var_ref)]:
+            if not torch.allclose(got, want.float(), rtol=1e-5, atol=1e-5):
+                running.append(f"{where}: {name} is {[round(v, 5) for v in got.tolist()]}, "
+                               f"BatchNorm's {[round(v, 5) for v in want.tolist()]}"
+                               + (" (the unbiased variance?)" if name == "running_var" else ""))
+    if forward or backward:  # the mechanism counts only with the right numbers
+        traffic = [f"rank {RANK}: the output or the gradients are wrong (see sync_bn_forward "
+                   "and sync_bn_backward)"]
     return {"sync_bn_forward": (forward[:1], ""), "sync_bn_backward": (backward[:1], ""),
             "sync_bn_running": (running[:1], ""), "sync_bn_traffic": (traffic[:1], "")}
 
@@ -368,17 +438,35 @@ def micro_batches(step, rank):
             for _ in range(K)]
 
 
+def mean_loss(model, batches) -> float:
+    """The mean of loss_fn over the micro-batches, with the model as it is now."""
+    with torch.no_grad():
+        return sum(F.cross_entropy(model(x), y).item() for x, y in batches) / len(batches)
+
+
+def loss_problem(got, want, where) -> list[str]:
+    if not isinstance(got, float):
+        return [f"{where}: accumulation_step returned a {type(got).__name__}, not a float"]
+    if abs(got - want) > 1e-5 * max(1.0, abs(want)):
+        return [f"{where}: accumulation_step returned {got:.6f}; this rank's mean loss over "
+                f"its K micro-batches, before the step, is {want:.6f}"]
+    return []
+
+
 def check_accumulate(ex):
     model = small_model()
     start = copy.deepcopy(model)
     ddp = DDP(model)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)
     params = sum(p.numel() for p in model.parameters())
-    per_step = []
+    per_step, losses = [], []
     for step in range(OPT_STEPS):
+        batches = micro_batches(step, RANK)
+        want = mean_loss(model, batches)  # with the parameters this step starts from
         with Traffic() as seen:
-            ex.accumulation_step(ddp, optimizer, micro_batches(step, RANK), F.cross_entropy)
+            got = ex.accumulation_step(ddp, optimizer, batches, F.cross_entropy)
         per_step.append(all_reduced(seen.collectives))
+        losses += loss_problem(got, want, f"rank {RANK}, step {step + 1}")
     reference = copy.deepcopy(start)
     ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
     for step in range(OPT_STEPS):
@@ -406,14 +494,15 @@ def check_accumulate(ex):
                      f"{per_step}; the {params} parameters once each is {params} (K={K} "
                      "micro-batches: no_sync on all but the last)"]
     return {"accumulate_result": (result, f"max difference {diff:.1e}"),
-            "accumulate_allreduce": (allreduce, f"values all-reduced per step: {per_step}")}
+            "accumulate_allreduce": (allreduce, f"values all-reduced per step: {per_step}"),
+            "accumulate_loss": (losses[:1], "")}
 
 
 CHECKS = {"bucketed": check_bucketed, "sync_bn": check_sync_bn, "accumulate": check_accumulate}
 VERDICTS = {"bucketed": ["bucketed_result", "bucketed_buckets", "bucketed_overlap"],
             "sync_bn": ["sync_bn_forward", "sync_bn_backward", "sync_bn_running",
                         "sync_bn_traffic"],
-            "accumulate": ["accumulate_result", "accumulate_allreduce"]}
+            "accumulate": ["accumulate_result", "accumulate_allreduce", "accumulate_loss"]}
 
 
 def summary(problems: list[str]) -> str:

@@ -1,4 +1,4 @@
-"""l5_process_devices: 0 of 5. Deals the GPUs out round-robin (local rank 0 gets 0 and 2), so a
+"""l5_process_devices: 1 of 7. Deals the GPUs out round-robin (local rank 0 gets 0 and 2), so a
 process's GPUs are not neighbours and the layout differs from lesson 1's."""
 
 

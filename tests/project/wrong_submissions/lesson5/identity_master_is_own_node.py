@@ -1,4 +1,4 @@
-"""l5_slurm_identity: 3 of 7. Every process names its own node as MASTER_ADDR (SLURMD_NODENAME):
+"""l5_slurm_identity: 4 of 8. Every process names its own node as MASTER_ADDR (SLURMD_NODENAME):
 the processes of different nodes would each wait at a different address."""
 
 

@@ -1,4 +1,4 @@
-"""l5_slurm_identity: 3 of 7. Takes the tasks per node as SLURM_NTASKS / SLURM_NNODES, which
+"""l5_slurm_identity: 4 of 8. Takes the tasks per node as SLURM_NTASKS / SLURM_NNODES, which
 is wrong whenever the nodes run different numbers of tasks ("2(x3),1")."""
 
 

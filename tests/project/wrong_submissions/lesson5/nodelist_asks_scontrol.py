@@ -1,4 +1,4 @@
-"""l5_expand_nodelist: 0 of 5. Asks SLURM's scontrol to expand the list (a program a laptop
+"""l5_expand_nodelist: 0 of 8. Asks SLURM's scontrol to expand the list (a program a laptop
 does not have, and the answer the exercise asks you to write): the grader refuses it."""
 
 import subprocess

@@ -1,4 +1,4 @@
-"""l5_expand_nodelist: 3 of 5. Ranges lose their zero padding: node[01-03] gives node1, node2,
+"""l5_expand_nodelist: 3 of 8. Ranges lose their zero padding: node[01-03] gives node1, node2,
 node3, names no cluster has."""
 
 import re

@@ -1,4 +1,4 @@
-"""l5_expand_nodelist: 5 of 5. A right answer written another way: a small recursive expander."""
+"""l5_expand_nodelist: 8 of 8. A right answer written another way: a small recursive expander."""
 
 import re
 

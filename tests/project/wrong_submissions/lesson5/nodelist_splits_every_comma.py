@@ -1,4 +1,4 @@
-"""l5_expand_nodelist: 1 of 5. Splits the list at every comma, also those inside brackets, so
+"""l5_expand_nodelist: 1 of 8. Splits the list at every comma, also those inside brackets, so
 node[01-03,07] falls apart; one range per item at most."""
 
 import re

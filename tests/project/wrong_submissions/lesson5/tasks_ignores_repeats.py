@@ -1,4 +1,4 @@
-"""l5_slurm_identity: 1 of 7. Reads "2(x3),1" as two nodes (the repeat count dropped), so the
+"""l5_slurm_identity: 1 of 8. Reads "2(x3),1" as two nodes (the repeat count dropped), so the
 third and fourth nodes are not found and no identity on that job comes out."""
 
 import re

@@ -1,4 +1,4 @@
-"""l6_atomic_snapshot: 9 of 10. Loads onto the CPU whatever the caller asked: on a GPU machine
+"""l6_atomic_snapshot: 14 of 15. Loads onto the CPU whatever the caller asked: on a GPU machine
 every rank's tensors would stay where they were saved (or on the CPU), not on its own device."""
 
 

@@ -1,4 +1,4 @@
-"""l6_atomic_snapshot: 7 of 10. Loads the newest snapshot or nothing: a damaged file ends the
+"""l6_atomic_snapshot: 12 of 15. Loads the newest snapshot or nothing: a damaged file ends the
 run with torch's own error, though the one before it is whole."""
 
 

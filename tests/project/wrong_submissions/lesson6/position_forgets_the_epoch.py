@@ -1,4 +1,4 @@
-"""l6_resume_position: 0 of 8. Seeds the order with `seed` alone: every epoch has the same
+"""l6_resume_position: 0 of 12. Seeds the order with `seed` alone: every epoch has the same
 shuffle (what forgetting sampler.set_epoch does), unlike DistributedSampler's."""
 
 

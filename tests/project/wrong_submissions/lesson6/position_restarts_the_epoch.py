@@ -1,4 +1,4 @@
-"""l6_resume_position: 2 of 8. Ignores `start`: a resumed job trains the whole epoch again,
+"""l6_resume_position: 4 of 12. Ignores `start`: a resumed job trains the whole epoch again,
 so the samples before the failure are seen twice in that epoch."""
 
 

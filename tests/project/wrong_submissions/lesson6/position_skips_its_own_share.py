@@ -1,4 +1,4 @@
-"""l6_resume_position: 5 of 8. Skips start // world_size of the rank's own split: right while
+"""l6_resume_position: 6 of 12. Skips start // world_size of the rank's own split: right while
 the world size stays the same, but after an elastic job shrinks or grows the ranks skip the
 wrong positions, and some samples are trained twice while others never."""
 

@@ -1,4 +1,4 @@
-"""l6_atomic_snapshot: 6 of 10. Writes atomically (a temporary file, then rename) but keeps
+"""l6_atomic_snapshot: 10 of 15. Writes atomically (a temporary file, then rename) but keeps
 nothing of the snapshot it replaces: no .prev to fall back to when the newest is damaged."""
 
 

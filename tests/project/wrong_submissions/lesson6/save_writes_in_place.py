@@ -1,4 +1,4 @@
-"""l6_atomic_snapshot: 7 of 10. Keeps the previous snapshot, then writes the new one straight
+"""l6_atomic_snapshot: 7 of 15. Keeps the previous snapshot, then writes the new one straight
 to its name: a crash half-way leaves a truncated file where the snapshot should be."""
 
 

@@ -6,6 +6,7 @@ did."""
 def capture_state(model, optimizer, scheduler, generator, progress):
     return {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
             "scheduler": scheduler.state_dict(), "generator": generator.get_state(),
+            "python_rng": random.getstate(), "numpy_rng": np.random.get_state(),
             "progress": dict(progress)}
 
 
@@ -14,4 +15,6 @@ def restore_state(state, model, optimizer, scheduler, generator):
     optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
     generator.set_state(state["generator"].cpu())
+    random.setstate(state["python_rng"])
+    np.random.set_state(state["numpy_rng"])
     return dict(state["progress"])

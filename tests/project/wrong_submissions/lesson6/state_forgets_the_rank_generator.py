@@ -5,6 +5,7 @@ data augmentation's: the restarted ranks draw their noise from the beginning aga
 def capture_state(model, optimizer, scheduler, generator, progress):
     return {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
             "scheduler": scheduler.state_dict(), "torch_rng": torch.get_rng_state(),
+            "python_rng": random.getstate(), "numpy_rng": np.random.get_state(),
             "progress": dict(progress)}
 
 
@@ -13,4 +14,6 @@ def restore_state(state, model, optimizer, scheduler, generator):
     optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
     torch.set_rng_state(state["torch_rng"].cpu())
+    random.setstate(state["python_rng"])
+    np.random.set_state(state["numpy_rng"])
     return dict(state["progress"])

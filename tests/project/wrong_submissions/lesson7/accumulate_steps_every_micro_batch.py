@@ -1,5 +1,6 @@
-"""l7_accumulate_no_sync: 0 of 7. The optimizer steps (and the gradients are zeroed) after
-every micro-batch: K small steps, not one step on the big batch."""
+"""l7_accumulate_no_sync: 0 of 8. The optimizer steps (and the gradients are zeroed) after
+every micro-batch: K small steps, not one step on the big batch (and the losses it
+averages were taken at K different parameters)."""
 
 from contextlib import nullcontext
 

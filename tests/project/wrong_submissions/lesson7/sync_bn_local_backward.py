@@ -1,6 +1,7 @@
-"""l7_sync_batchnorm: 8 of 14. The forward combines every rank's statistics, but backward
+"""l7_sync_batchnorm: 4 of 14. The forward combines every rank's statistics, but backward
 uses this rank's sums of grad and grad * x_hat only: the output is right, the input's
-gradient is not (it misses the other ranks' part of the mean and variance)."""
+gradient is not (it misses the other ranks' part of the mean and variance), and the
+traffic counts only with the right gradients."""
 
 
 class LocalBackwardSyncBatchNorm(SyncBatchNormFunction):

@@ -1,6 +1,7 @@
-"""l7_sync_batchnorm: 8 of 14. Backward all-reduces the weight's and bias's gradients too, so
+"""l7_sync_batchnorm: 4 of 14. Backward all-reduces the weight's and bias's gradients too, so
 every rank holds the whole batch's: summed again by DDP's averaging over the ranks they
-come out W times too big. Each rank's share is its own values' sum."""
+come out W times too big. Each rank's share is its own values' sum (and the traffic
+counts only with the right gradients)."""
 
 import torch
 import torch.distributed as dist

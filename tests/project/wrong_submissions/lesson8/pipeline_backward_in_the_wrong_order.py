@@ -1,4 +1,4 @@
-"""l8_pipeline_step: 1 of 13. The two stages go through the backwards in different orders.
+"""l8_pipeline_step: 2 of 14. The two stages go through the backwards in different orders.
 
 Stage 1 sends the gradients last micro-batch first, as it should; stage 0 takes them as if
 they came first micro-batch first, and back-propagates each through another micro-batch's
@@ -11,8 +11,7 @@ import torch.distributed as dist
 
 def pipeline_step(stage, batch, num_micro_batches, activation_shape, loss_fn=F.cross_entropy,
                   group=None):
-    if dist.get_world_size(group) != 2:
-        raise ValueError("a two-stage pipeline needs a group of 2 ranks")
+    check_pipeline_arguments(batch, num_micro_batches, group)
     me = dist.get_rank(group)
     micro_batches = batch.chunk(num_micro_batches)
     if me == 0:

@@ -1,4 +1,4 @@
-"""l8_pipeline_step: 1 of 13. Each micro-batch's loss back-propagated without the 1/M.
+"""l8_pipeline_step: 2 of 14. Each micro-batch's loss back-propagated without the 1/M.
 
 The messages are right, but the gradients summed over M micro-batches are M times those of
 the whole batch's mean loss: each micro-batch's loss is already a mean over its samples.
@@ -10,8 +10,7 @@ import torch.distributed as dist
 
 def pipeline_step(stage, batch, num_micro_batches, activation_shape, loss_fn=F.cross_entropy,
                   group=None):
-    if dist.get_world_size(group) != 2:
-        raise ValueError("a two-stage pipeline needs a group of 2 ranks")
+    check_pipeline_arguments(batch, num_micro_batches, group)
     me = dist.get_rank(group)
     micro_batches = batch.chunk(num_micro_batches)
     if me == 0:

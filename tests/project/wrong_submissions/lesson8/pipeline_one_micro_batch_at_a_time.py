@@ -1,4 +1,4 @@
-"""l8_pipeline_step: 11 of 13. Each micro-batch's forward and backward before the next's.
+"""l8_pipeline_step: 12 of 14. Each micro-batch's forward and backward before the next's.
 
 Right gradients and the right messages, but no pipeline: stage 0 waits for micro-batch i's
 gradient before it starts micro-batch i+1, so the two stages never work at once. GPipe runs
@@ -11,8 +11,7 @@ import torch.distributed as dist
 
 def pipeline_step(stage, batch, num_micro_batches, activation_shape, loss_fn=F.cross_entropy,
                   group=None):
-    if dist.get_world_size(group) != 2:
-        raise ValueError("a two-stage pipeline needs a group of 2 ranks")
+    check_pipeline_arguments(batch, num_micro_batches, group)
     me = dist.get_rank(group)
     losses = []
     for part in batch.chunk(num_micro_batches):

@@ -1,4 +1,4 @@
-"""l8_pipeline_step: 7 of 13. The other stage's group rank used as its global rank.
+"""l8_pipeline_step: 8 of 14. The other stage's group rank used as its global rank.
 
 dist.send(t, dst=1 - me, group=group) reads dst as a global rank. In the world group the
 two agree; in the group of global ranks 1 and 2 (a pipeline beside other work), stage 0
@@ -11,8 +11,7 @@ import torch.distributed as dist
 
 def pipeline_step(stage, batch, num_micro_batches, activation_shape, loss_fn=F.cross_entropy,
                   group=None):
-    if dist.get_world_size(group) != 2:
-        raise ValueError("a two-stage pipeline needs a group of 2 ranks")
+    check_pipeline_arguments(batch, num_micro_batches, group)
     me = dist.get_rank(group)
     peer = 1 - me
     micro_batches = batch.chunk(num_micro_batches)

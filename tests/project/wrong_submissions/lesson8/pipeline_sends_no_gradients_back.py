@@ -1,4 +1,4 @@
-"""l8_pipeline_step: 1 of 13. The activations are detached and no gradient goes back.
+"""l8_pipeline_step: 2 of 14. The activations are detached and no gradient goes back.
 
 Stage 1 learns, but the graph ends at the detached activation it received: stage 0's
 parameters get no gradient at all, so the first half of the model never trains.
@@ -10,8 +10,7 @@ import torch.distributed as dist
 
 def pipeline_step(stage, batch, num_micro_batches, activation_shape, loss_fn=F.cross_entropy,
                   group=None):
-    if dist.get_world_size(group) != 2:
-        raise ValueError("a two-stage pipeline needs a group of 2 ranks")
+    check_pipeline_arguments(batch, num_micro_batches, group)
     me = dist.get_rank(group)
     micro_batches = batch.chunk(num_micro_batches)
     if me == 0:

@@ -1,4 +1,4 @@
-"""l8_zero1_optimizer: 0 of 10. The reference's optimizer, but the owners come from the
+"""l8_zero1_optimizer: 0 of 17. The reference's optimizer, but the owners come from the
 course's own partition (ddpcourse.sharding.zero_owners, behind the lesson's tables) instead
 of being worked out: the grader refuses it."""
 

@@ -1,4 +1,4 @@
-"""l8_zero1_optimizer: 6 of 10. Every parameter broadcast from rank 0, not from its owner.
+"""l8_zero1_optimizer: 8 of 17. Every parameter broadcast from rank 0, not from its owner.
 
 The state is split and the parameters do travel by broadcast, but from rank 0 whatever
 the owner: the shards the other ranks stepped are overwritten by rank 0's stale copies, so
@@ -11,7 +11,8 @@ import torch.distributed as dist
 
 class Zero1Optimizer(Zero1Optimizer):
     def step(self):
-        self.optimizer.step()
+        if self.optimizer is not None:
+            self.optimizer.step()
         with torch.no_grad():
             for p in self.params:
                 dist.broadcast(p.data, group_src=0, group=self.group)

@@ -1,4 +1,4 @@
-"""l8_zero1_optimizer: 4 of 10. Every rank steps all the parameters: plain data parallelism.
+"""l8_zero1_optimizer: 6 of 17. Every rank steps all the parameters: plain data parallelism.
 
 The owners are worked out, but the wrapped optimizer is built over every parameter, so
 every rank keeps the whole optimizer state, the very memory ZeRO-1 exists to split. The

@@ -1,4 +1,4 @@
-"""l8_zero1_optimizer: 6 of 10. Each rank steps its shard and shares nothing.
+"""l8_zero1_optimizer: 8 of 17. Each rank steps its shard and shares nothing.
 
 The optimizer state is split as it should be, but the updated parameters never leave
 their owner: every rank keeps stale copies of the parameters others own, and from the first
@@ -8,4 +8,5 @@ step on the ranks train different models.
 
 class Zero1Optimizer(Zero1Optimizer):
     def step(self):
-        self.optimizer.step()
+        if self.optimizer is not None:
+            self.optimizer.step()

@@ -1,4 +1,4 @@
-"""l8_zero1_optimizer: 9 of 10. Parameters dealt round-robin by their position.
+"""l8_zero1_optimizer: 16 of 17. Parameters dealt round-robin by their position.
 
 Right in every way but balance: parameter i goes to rank i % W whatever its size, so with
 the weights at even positions and the biases at odd ones, one rank steps (and keeps the
@@ -15,4 +15,4 @@ class Zero1Optimizer(Zero1Optimizer):
         world, self.rank = dist.get_world_size(group), dist.get_rank(group)
         self.owners = [i % world for i in range(len(self.params))]
         mine = [p for p, o in zip(self.params, self.owners, strict=True) if o == self.rank]
-        self.optimizer = optimizer_class(mine, **defaults)
+        self.optimizer = optimizer_class(mine, **defaults) if mine else None

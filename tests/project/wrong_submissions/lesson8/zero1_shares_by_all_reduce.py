@@ -1,4 +1,4 @@
-"""l8_zero1_optimizer: 8 of 10. The parameters shared by an all_reduce of zeros.
+"""l8_zero1_optimizer: 9 of 17. The parameters shared by an all_reduce of zeros.
 
 Each rank zeroes the parameters it does not own and all the ranks all_reduce (sum) every
 parameter: the right values arrive everywhere, but an all_reduce moves about twice what a
@@ -11,7 +11,8 @@ import torch.distributed as dist
 
 class Zero1Optimizer(Zero1Optimizer):
     def step(self):
-        self.optimizer.step()
+        if self.optimizer is not None:
+            self.optimizer.step()
         with torch.no_grad():
             for p, owner in zip(self.params, self.owners, strict=True):
                 if owner != self.rank:

@@ -1,4 +1,4 @@
-"""l8_zero1_optimizer: 0 of 10. Hands the work to torch's ZeroRedundancyOptimizer, which the
+"""l8_zero1_optimizer: 0 of 17. Hands the work to torch's ZeroRedundancyOptimizer, which the
 exercise asks you to build: the grader refuses it."""
 
 from torch.distributed.optim import ZeroRedundancyOptimizer

@@ -1,19 +1,20 @@
-"""Lesson 7: grow the batch until memory is full; the learning rate follows (lesson 3's rule).
+"""Lesson 7 experiment: grow the batch until memory is full; the learning rate follows (lesson 3).
 
     make lesson7-batch NPROC=2                          # prints, then runs, this command:
-    torchrun --nproc-per-node=2 scripts/lesson7_batch_size.py
+    torchrun --nproc-per-node=2 scripts/experiments/lesson7_batch_size.py
 
-It keeps lesson3_ddp.py's set-up (process group, device, data, model, the learning-rate
-rule; diff the two) and replaces its training loop with measurements:
+It takes lesson3_ddp.py's set-up, learning-rate rule and evaluation, and replaces its
+training loop with measurements:
 
 1. For each batch size: samples/s and the memory a training step needs. On a GPU that is
    torch.cuda.max_memory_allocated, and the search stops at the first out-of-memory error
    (the real thing, met by one step of a plain copy of the model first: an error in the
    middle of a DDP step would leave the other ranks waiting in its all-reduce). A CPU has
    no such limit worth reaching (the machine would swap, or the kernel would kill the
-   job), so the search stops at --memory-budget-mb, and the memory
-   is what autograd saves for backward (counted by saved_tensors_hooks) plus the weights,
-   their gradients and the optimizer's momentum.
+   job), so the search stops at --memory-budget-mb, and the memory is what autograd saves
+   for backward (counted by saved_tensors_hooks, in a forward of its own: the hooks' Python
+   calls would slow the timed steps) plus the weights, their gradients and the optimizer's
+   momentum.
 2. Then the question that decides whether a bigger batch helps: trained for the same number
    of epochs at a small batch and a big one, the big one with the learning rate scaled by
    lesson 3's linear rule (0.1 x global / 256) and without scaling it, how good is the model?
@@ -23,6 +24,7 @@ rule; diff the two) and replaces its training loop with measurements:
 
 import copy
 import os
+import sys
 import time
 from datetime import timedelta
 
@@ -38,9 +40,10 @@ from ddpcourse.models import create_model
 from ddpcourse.report import format_table, summary_line
 from ddpcourse.runtime import pick_device, world_of_one_unless_launched
 
-# The learning rate belongs to the GLOBAL batch: 0.1 for 256 samples per optimizer step.
-# Linear scaling rule: change the global batch by a factor k and scale the rate by k too.
-BASE_LR, BASE_BATCH = 0.1, 256
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# lesson 3's linear rule (0.1 for a global batch of 256) and its evaluation
+from lesson3_ddp import BASE_BATCH, BASE_LR, evaluate  # noqa: E402
+
 MB = 2**20
 
 
@@ -73,27 +76,30 @@ def parse_args():
 
 def step_cost(model, optimizer, images, labels, device):
     """(seconds, bytes) of one training step on this batch."""
-    saved = [0]
-
-    def count(tensor):
-        saved[0] += tensor.numel() * tensor.element_size()
-        return tensor
-
     if device.type == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats(device)
     tick = time.perf_counter()
-    with torch.autograd.graph.saved_tensors_hooks(count, lambda t: t):
-        loss = F.cross_entropy(model(images), labels)
+    loss = F.cross_entropy(model(images), labels)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     optimizer.step()
     if device.type == "cuda":
         torch.cuda.synchronize()
         return time.perf_counter() - tick, torch.cuda.max_memory_allocated(device)
+    seconds = time.perf_counter() - tick
+    saved = [0]
+
+    def count(tensor):
+        saved[0] += tensor.numel() * tensor.element_size()
+        return tensor
+
+    plain = getattr(model, "module", model)  # a forward outside DDP: no backward owed
+    with torch.autograd.graph.saved_tensors_hooks(count, lambda t: t):
+        F.cross_entropy(plain(images), labels)  # counted, never backward
     # weights + gradients + momentum: three tensors the size of the model
     fixed = 3 * sum(p.numel() * p.element_size() for p in model.parameters())
-    return time.perf_counter() - tick, saved[0] + fixed
+    return seconds, saved[0] + fixed
 
 
 def train_and_evaluate(start, train_set, val_set, batch_size, lr, epochs, rank, world_size,
@@ -115,14 +121,8 @@ def train_and_evaluate(start, train_set, val_set, batch_size, lr, epochs, rank, 
             steps += 1
     for buffer in model.module.buffers():  # rank 0's BatchNorm statistics, as in lesson 3
         dist.broadcast(buffer, src=0)
-    model.eval()
-    counts = torch.zeros(2, dtype=torch.float64, device=device)
-    with torch.no_grad():
-        for images, labels in DataLoader(Subset(val_set, range(rank, len(val_set), world_size)),
-                                         batch_size=256):
-            predicted = model.module(images.to(device)).argmax(1)
-            counts[0] += (predicted == labels.to(device)).sum()
-            counts[1] += len(labels)
+    shard = Subset(val_set, range(rank, len(val_set), world_size))
+    counts = evaluate(model.module, DataLoader(shard, batch_size=256), device)
     dist.all_reduce(counts)
     return counts[0].item() / counts[1].item(), steps
 
@@ -131,7 +131,7 @@ def main():
     args = parse_args()
     started = time.perf_counter()
     world_of_one_unless_launched("make lesson7-batch NPROC=2  (or: torchrun --nproc-per-node=2 "
-                                 "scripts/lesson7_batch_size.py)")
+                                 "scripts/experiments/lesson7_batch_size.py)")
     rank = int(os.environ["RANK"])              # this process, 0 .. world_size - 1
     local_rank = int(os.environ["LOCAL_RANK"])  # its number on this node: picks the GPU
     world_size = int(os.environ["WORLD_SIZE"])  # processes in the job

@@ -1,8 +1,10 @@
-"""Lesson 7: an in-memory dataset loaded once per machine and shared, or loaded by every process.
+r"""Lesson 7 experiment: an in-memory dataset loaded by every process, or once and shared.
 
     make lesson7-shared NPROC=3                         # prints, then runs, these commands:
-    torchrun --nproc-per-node=3 scripts/lesson7_shared_dataset.py --mode copy --json runs/...
-    torchrun --nproc-per-node=3 scripts/lesson7_shared_dataset.py --mode shared --json runs/...
+    torchrun --nproc-per-node=3 scripts/experiments/lesson7_shared_dataset.py --mode copy \
+        --json runs/lesson7_shared.json
+    torchrun --nproc-per-node=3 scripts/experiments/lesson7_shared_dataset.py --mode shared \
+        --json runs/lesson7_shared.json
 
 copy    every process builds the whole dataset in its own memory (what a Dataset that loads
         everything in __init__ does under torchrun): W processes, W copies.
@@ -99,8 +101,8 @@ def memory_of_this_process() -> dict:
 def main():
     args = parse_args()
     started = time.perf_counter()
-    world_of_one_unless_launched("make lesson7-shared NPROC=3  (or: torchrun "
-                                 "--nproc-per-node=3 scripts/lesson7_shared_dataset.py)")
+    world_of_one_unless_launched("make lesson7-shared NPROC=3  (or: torchrun --nproc-per-node"
+                                 "=3 scripts/experiments/lesson7_shared_dataset.py)")
     rank = int(os.environ["RANK"])
     local_rank = int(os.environ["LOCAL_RANK"])
     world_size = int(os.environ["WORLD_SIZE"])

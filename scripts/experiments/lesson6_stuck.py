@@ -1,7 +1,7 @@
-"""Lesson 6 drill: find the rank that holds up a stuck job, from every rank's own stack.
+"""Lesson 6 experiment: find the rank that holds up a stuck job, from every rank's own stack.
 
     make lesson6-stuck NPROC=3       # prints, then runs, this command:
-    torchrun --nproc-per-node=3 scripts/lesson6_stuck.py
+    torchrun --nproc-per-node=3 scripts/experiments/lesson6_stuck.py
 
 Rank 1 "forgets" one all-reduce (it sleeps instead), so the others wait in theirs. Before the
 collective timeout ends the job, a watchdog on every rank (faulthandler) prints where each
@@ -28,6 +28,7 @@ from ddpcourse.runtime import world_of_one_unless_launched
 
 def last_collectives(count=3):
     """This rank's last collectives from the flight recorder, oldest first."""
+    # Private: the only way in this torch to read gloo's flight recorder from Python.
     from torch._C._distributed_c10d import _dump_fr_trace
 
     trace = pickle.loads(_dump_fr_trace(includeCollectives=True, includeStackTraces=False,
