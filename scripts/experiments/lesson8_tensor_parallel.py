@@ -80,7 +80,7 @@ def main():
     args = parse_args()
     started = time.perf_counter()
     world_of_one_unless_launched("make lesson8-tp NPROC=2  (or: torchrun --nproc-per-node=2 "
-                                 "scripts/lesson8_tensor_parallel.py)")
+                                 "scripts/experiments/lesson8_tensor_parallel.py)")
     rank = int(os.environ["RANK"])
     local_rank = int(os.environ["LOCAL_RANK"])
     world_size = int(os.environ["WORLD_SIZE"])

@@ -183,10 +183,12 @@ def test_student_release_has_no_solutions_and_its_grader_runs(tmp_path):
     assert not (release / "tests" / "project" / "wrong_submissions").exists()
     assert (release / "lessons" / "lesson1" / "exercises.py").exists()
     assert not list(release.rglob("*solution*.py"))
+    # No job cache: installing it imports this checkout's ddpcourse before the release's own.
+    alone = {"COURSE_JOB_CACHE": ""}
     graded = run([PYTHON, "-m", "ddpcourse.course.grading", "grade", "--lesson", "1"], cwd=release,
-                 timeout=100)
+                 timeout=100, env=alone)
     assert graded.returncode == 0, graded.stderr[-2000:]
     assert re.search(r"TOTAL\s+0 / \d+", graded.stdout)
     asked = run([PYTHON, "-m", "ddpcourse.course.grading", "grade", "--lesson", "1", "--impl",
-                 "solutions"], cwd=release, timeout=100)
+                 "solutions"], cwd=release, timeout=100, env=alone)
     assert "has no solutions" in asked.stdout + asked.stderr

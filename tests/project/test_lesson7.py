@@ -177,7 +177,13 @@ def test_sync_batchnorm_on_two_processes_trains_as_one_process_does(lesson3):
         assert "error: sync_batch_norm is not written yet" in error
         return
     synced = summary(job("lesson7_sync_batchnorm.py", STEP, 2))
-    assert same_training(synced, lesson3[1]), (synced, lesson3)
+    # The statistics are sums all-reduced in another order than one process adds them, and
+    # five steps at lr 0.1 magnify that rounding (measured: 3e-3 in the loss, one process
+    # against the same layers run apart, 1e-3). Plain BatchNorm on 2 processes is 4e-2 off.
+    def loss_gap(run):
+        return abs(float(run["train_loss"]) - float(lesson3[1]["train_loss"]))
+    assert loss_gap(synced) < 6e-3 and loss_gap(synced) < loss_gap(lesson3[2]) / 4, (
+        synced, lesson3)
 
 
 @pytest.mark.slow

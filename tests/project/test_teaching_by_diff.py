@@ -42,9 +42,11 @@ def changed_lines(old, new):
 
 def test_the_course_promises_its_diffs():
     steps = {new for _, new in PROMISED}
-    # lessons 2-8 each teach at least one step by its diff
-    assert {int(re.match(r"scripts/lesson(\d+)_", new).group(1)) for new in steps} >= set(
-        range(2, 9)), sorted(steps)
+    # Lessons 2-8 each teach at least one step of the training by its diff; lesson 4 calls
+    # the collectives on their own, outside that progression.
+    progression = set(range(2, 9)) - {4}
+    assert {int(re.match(r"scripts/lesson(\d+)_", new).group(1)) for new in steps} >= (
+        progression), sorted(steps)
 
 
 @pytest.mark.parametrize("pair", sorted(PROMISED), ids=lambda p: f"{p[0]}->{p[1]}")
