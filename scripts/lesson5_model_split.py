@@ -56,12 +56,13 @@ def parse_args():
     parser.add_argument("--checkpoint", default=f"runs/{Path(__file__).stem}.pt")
     parser.add_argument("--timeout", type=float, default=120,
                         help="seconds a collective may wait for the other processes")
-    parser.add_argument("--devices-per-process", "-k", type=int, default=2,
-                        help="k: the devices each process drives, one model stage on each")
+    parser.add_argument("--devices-per-process", "-k", type=int, default=None,
+                        help="k: the devices each process drives, one model stage on each "
+                             "(default 2, fewer where the node has fewer GPUs per process)")
     args = parser.parse_args()
     if args.epochs < 0 or args.batch_size is not None and args.batch_size < 1:
         parser.error("--epochs must be >= 0 and --batch-size >= 1")
-    if not 1 <= args.devices_per_process <= 8:
+    if args.devices_per_process is not None and not 1 <= args.devices_per_process <= 8:
         parser.error("--devices-per-process must be between 1 and 8")
     return args
 
@@ -106,7 +107,9 @@ def main():
     rank = int(os.environ["RANK"])              # this process, 0 .. world_size - 1
     local_rank = int(os.environ["LOCAL_RANK"])  # its number on this node: picks the GPU
     world_size = int(os.environ["WORLD_SIZE"])  # processes in the job
-    k, per_node = args.devices_per_process, int(os.environ["LOCAL_WORLD_SIZE"])
+    per_node = int(os.environ["LOCAL_WORLD_SIZE"])
+    gpus_each = torch.cuda.device_count() // per_node if torch.cuda.is_available() else 2
+    k = args.devices_per_process or max(1, min(2, gpus_each))
 
     # This process's k devices start at k x LOCAL_RANK, not at LOCAL_RANK: local rank 1 of
     # k = 2 owns cuda:2 and cuda:3. `device`, the first, takes the inputs and the sums.

@@ -89,6 +89,10 @@ def main():
     device, backend = pick_device(local_rank)  # cuda:LOCAL_RANK with nccl, else CPU with gloo
     if device.type == "cuda":
         torch.cuda.set_device(device)
+        # A resume is bit-identical only if a kernel gives the same bits each time it runs:
+        # cuDNN's fastest convolutions add in a racing order. Deterministic ones, cuBLAS too.
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
     dist.init_process_group(backend, timeout=timedelta(seconds=args.timeout))
     exercises, _ = exercises_for_a_script(6)  # lessons/lesson6/exercises.py, or the reference
 

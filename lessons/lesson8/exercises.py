@@ -33,8 +33,11 @@ def bytes_per_rank(num_params: int, world_size: int, strategy: str, optimizer: s
 
     Return {"params": ..., "grads": ..., "optimizer": ..., "total": ...}, each an int number
     of bytes, total the sum of the other three: what each of `world_size` data-parallel ranks
-    holds for a model of `num_params` parameters between steps (not activations, and not
-    the short-lived buffers: a gathered layer, a gradient bucket).
+    holds for a model of `num_params` parameters between steps, counted as the ZeRO paper
+    counts it. Leave out activations, short-lived buffers (a layer FSDP gathers for a
+    moment), and torch DDP's gradient buckets: with its default gradient_as_bucket_view=False
+    DDP keeps them from step to step, a second copy of the gradients (the reading counts
+    them), but the paper's count, and this exercise, do not.
 
     Bytes per parameter, before sharding:
     - mixed_precision=False: weights 4 (fp32), gradients 4, optimizer state 4 per buffer:
@@ -59,7 +62,12 @@ def bytes_per_rank(num_params: int, world_size: int, strategy: str, optimizer: s
     parameter on one rank is a valid model.
 
     Raise ValueError (one line) for num_params < 1, world_size < 1, or a strategy or
-    optimizer not named above (names are exact: "Adam" or "zero-1" is refused).
+    optimizer not named above (names are exact: "Adam", "adam " or "zero-1" is refused).
+
+    Graded: the ZeRO paper's own example (7.5 B parameters, 64 GPUs, mixed precision) to the
+    byte; every term of every strategy for 7 B parameters on 8 GPUs; that from 1 to W ranks
+    exactly the terms a strategy shards shrink W times; the rounding up at the edges above;
+    and the refusals.
     """
     raise NotImplementedError("l8_memory_calculator: bytes of params, grads, optimizer state")
 
@@ -97,8 +105,11 @@ class Zero1Optimizer:
                         (None on a rank that owns no parameter: torch's optimizers refuse
                         an empty list; graded with more ranks than parameters)
       Create no other optimizer: the point is that no rank holds the state of parameters
-      it does not own. (Build it yourself: torch's ZeroRedundancyOptimizer, and the
-      course's own partition in ddpcourse, refuse to work while this is graded.)
+      it does not own. Every rank must agree on self.owners, and summed over the ranks the
+      optimizers' state must be the model's full state, kept once. In a world of one, one
+      rank owns everything and Zero1Optimizer is the optimizer it wraps. (Build it
+      yourself: torch's ZeroRedundancyOptimizer, and the course's own partition in
+      ddpcourse, refuse to work while this is graded.)
 
     step(): step this rank's shard with self.optimizer, then send every parameter from its
     owner to all the other ranks with a broadcast (or an all_gather; in a group, a
@@ -108,8 +119,9 @@ class Zero1Optimizer:
     each rank: exactly the parameters' bytes when broadcasting (each parameter once, alone
     or packed into one flat tensor per owner, in its own dtype); when all-gathering, at
     most the group's size times the fullest rank's shard (the shards padded to equal
-    length). An extra collective (a barrier, an all_reduce, a second copy) loses points.
-    In a group of one nothing needs sending; a broadcast to itself is allowed.
+    length). An extra collective (a barrier, an all_reduce, a second copy) loses points,
+    and so does a send or recv. In a group of one nothing needs sending; a broadcast to
+    itself is allowed. A rank that owns nothing still takes part in every broadcast.
 
     zero_grad(set_to_none=True): clear the gradients of all the parameters, not just the
     shard's (each rank's backward fills all of them): set them to None, or with
@@ -144,9 +156,10 @@ def pipeline_step(stage: nn.Module, batch: torch.Tensor, num_micro_batches: int,
 
     Check the arguments first, before running the stage or sending anything, and raise
     ValueError (one line) if the group does not hold exactly two ranks (a world of one, a
-    group of one, a world of three), if M < 1, or if the batch's length is not a multiple
-    of M: the grader calls it with such arguments and a stage that must not run, and checks
-    that nothing was sent or received.
+    group of one, a world of three: count the group's ranks, not the world's), if M < 1, or
+    if the batch's length is not a multiple of M: the grader calls it with such arguments
+    and a stage that must not run, on both stages, and checks that nothing was sent or
+    received. Both stages make the same checks, so neither waits for the other.
 
     Split the batch into M equal micro-batches along dimension 0. activation_shape is the
     shape of the activation stage 0 sends for one micro-batch (its float32 output for

@@ -134,6 +134,8 @@ def join(method: str, args, rank: int, world_size: int, backend: str,
         # from the environment, so rank and world size are passed in. ADDR must be rank 0's
         # machine: node 0's, which MASTER_ADDR names.
         port = args.init_port or int(os.environ["MASTER_PORT"]) + 1
+        # older torch (2.11 was seen to) took any tcp:// address for the agent's store
+        os.environ.pop("TORCHELASTIC_USE_AGENT_STORE", None)
         init_method = f"tcp://{os.environ['MASTER_ADDR']}:{port}"
         dist.init_process_group(backend, init_method=init_method, rank=rank,
                                 world_size=world_size, timeout=timeout)

@@ -80,7 +80,7 @@ class SyncBatchNormFunction(torch.autograd.Function):
         channels = input.shape[1]
         count = input.numel() // channels
         stats = torch.cat([_channel_sums(input), _channel_sums(input * input),
-                           torch.tensor([float(count)], dtype=input.dtype)])
+                           input.new_tensor([float(count)])])
         dist.all_reduce(stats, group=group)  # 2C + 1 numbers, whatever the batch
         n = stats[-1]
         mean = stats[:channels] / n
