@@ -116,7 +116,9 @@ def main():
     # and freed after; the root unit holds the rest (stem, head). Every parameter becomes a
     # DTensor of which this rank keeps a 1/W piece. Unlike DDP, fully_shard copies nothing
     # from rank 0: the seed above gave every rank the same weights.
-    mesh = init_device_mesh(device.type, (world_size,))
+    # The mesh gets a group of its own: DTensor keeps meshes until the process ends, and one on
+    # the world group would keep destroy_process_group from ending it (gloo aborts at exit).
+    mesh = init_device_mesh(device.type, (world_size,), backend_override={0: backend})
     for block in blocks(model):
         fully_shard(block, mesh=mesh)
     fully_shard(model, mesh=mesh)

@@ -5,7 +5,7 @@ import re
 import time
 
 import pytest
-from util import ROOT
+from util import ROOT, promised_diffs
 
 from ddpcourse.figures import figure_functions, write_figures
 
@@ -60,20 +60,13 @@ def test_local_links_in_readings_resolve(reading):
         assert (reading.parent / target).exists(), f"{reading.name} links to missing {target}"
 
 
-# The progression the readings teach by diff: each script is the one before plus its lesson.
-SCRIPT_STEPS = [("lesson2_single_device", "lesson2_data_parallel"),
-                ("lesson2_single_device", "lesson3_ddp"), ("lesson3_ddp", "lesson3_ddp_spawn"),
-                ("lesson3_ddp", "lesson6_resumable"), ("lesson3_ddp", "lesson5_model_split"),
-                ("lesson3_ddp", "lesson7_accumulate"), ("lesson3_ddp", "lesson7_dataloader")]
-
-
 def test_diffs_in_the_readings_are_the_diffs_of_the_scripts():
     import subprocess
 
     printed = []  # every line of every diff, as `diff -u` and plain `diff` print them
-    for old, new in SCRIPT_STEPS:
+    for old, new in promised_diffs():  # the steps the course teaches by their diffs
         for flags in (["-u"], []):
-            out = subprocess.run(["diff", *flags, f"scripts/{old}.py", f"scripts/{new}.py"],
+            out = subprocess.run(["diff", *flags, old, new],
                                  cwd=ROOT, capture_output=True, text=True).stdout
             printed.append(out.splitlines())
     blocks = [block for reading in READINGS

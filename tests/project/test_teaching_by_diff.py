@@ -3,32 +3,16 @@ script, a reading or a notebook) is small enough to read as one lesson's change,
 scripts use torch's documented API only.
 """
 
-import json
 import re
 import subprocess
 
 import pytest
-from util import ROOT
+from util import ROOT, promised_diffs
 
 MAX_CHANGED_LINES = 100
-PROMISE = re.compile(r"\bdiff (?:-u )?(scripts/[\w/]+\.py) (scripts/[\w/]+\.py)")
 # A private name reached through a dot (`reducer._get_zeros_like_grad_buckets`,
 # `torch.distributed._tools`): an experiment may need one, a step script should not.
 PRIVATE = re.compile(r"\.(_[a-z]\w*)")
-
-
-def promised_diffs():
-    """{(old, new): [where each promise is made]} from scripts, readings and notebooks."""
-    found = {}
-    sources = [*sorted((ROOT / "scripts").rglob("*.py")), *sorted((ROOT / "lessons").rglob("*.md")),
-               *sorted((ROOT / "notebooks").glob("*.ipynb"))]
-    for path in sources:
-        text = path.read_text()
-        if path.suffix == ".ipynb":
-            text = "\n".join("".join(c["source"]) for c in json.loads(text)["cells"])
-        for old, new in PROMISE.findall(text):
-            found.setdefault((old, new), []).append(str(path.relative_to(ROOT)))
-    return found
 
 
 PROMISED = promised_diffs()

@@ -1,6 +1,8 @@
 """Shared bits of the project's own tests."""
 
+import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -24,3 +26,22 @@ def share_of_lines_kept(old_script: str, new_script: str) -> float:
            if line.strip()]
     new = {line.strip() for line in (ROOT / "scripts" / new_script).read_text().splitlines()}
     return sum(line in new for line in old) / len(old)
+
+
+# `diff scripts/A.py scripts/B.py` in a script, a reading or a notebook: a promise that B is A
+# plus one lesson's change.
+PROMISE = re.compile(r"\bdiff (?:-u )?(scripts/[\w/]+\.py) (scripts/[\w/]+\.py)")
+
+
+def promised_diffs():
+    """{(old, new): [where each promise is made]} from scripts, readings and notebooks."""
+    found = {}
+    sources = [*sorted((ROOT / "scripts").rglob("*.py")), *sorted((ROOT / "lessons").rglob("*.md")),
+               *sorted((ROOT / "notebooks").glob("*.ipynb"))]
+    for path in sources:
+        text = path.read_text()
+        if path.suffix == ".ipynb":
+            text = "\n".join("".join(c["source"]) for c in json.loads(text)["cells"])
+        for old, new in PROMISE.findall(text):
+            found.setdefault((old, new), []).append(str(path.relative_to(ROOT)))
+    return found
