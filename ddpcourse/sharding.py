@@ -23,6 +23,7 @@ collectives():      the collectives this process started, read from torch's flig
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 
@@ -242,3 +243,9 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def read_records(path) -> list[dict]:
+    """The JSON lines lesson8_memory.py --record appended, one per run."""
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]

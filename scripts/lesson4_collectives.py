@@ -7,7 +7,7 @@
 Rank r starts with the numbers 10r+1, 10r+2, ...: the tens digit says where a value came
 from. After each call every rank sends its before/after to rank 0 (gather_object), which
 prints one table per collective, and checks every result against the model in
-ddpcourse.collectives_draw, the one that draws the lesson's figures.
+ddpcourse.figures.collectives, the one that draws the lesson's figures.
 """
 
 import os
@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from ddpcourse.cli import ArgumentParser
-from ddpcourse.collectives_draw import NOT_DEFINED, describe, format_values, simulate, values
+from ddpcourse.collectives import NOT_DEFINED, describe, format_values, simulate, values
 from ddpcourse.report import format_table, summary_line
 from ddpcourse.runtime import pick_device, world_of_one_unless_launched
 

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from ddpcourse.cli import ArgumentParser
 from ddpcourse.cluster.launch import default_torchrun, free_port
-from ddpcourse.failures_draw import read_events
+from ddpcourse.events import read_events
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from ddpcourse.cli import ArgumentParser
 from ddpcourse.cluster.launch import LaunchError, launch
-from ddpcourse.failures_draw import attempts_of, read_events
+from ddpcourse.events import attempts_of, read_events
 
 ROOT = Path(__file__).resolve().parents[2]
 STEP = "scripts/lesson6_resumable.py"
@@ -170,7 +170,7 @@ def main():
     with open(Path(args.out) / "drill_record.json", "w") as f:  # what the picture is drawn from
         json.dump(record, f)
     try:
-        from ddpcourse.failures_draw import draw_timeline
+        from ddpcourse.figures.failures import draw_timeline
 
         picture = draw_timeline(record, "runs/lesson6_timeline.png")
         print(f"picture of this drill: {picture}")

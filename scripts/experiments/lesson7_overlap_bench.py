@@ -20,7 +20,7 @@ all-reduce done six ways, every way timed in the same job, in turns:
 With --trace DIR, one step of `after`, `bucketed` and the first DDP mode is profiled on every
 rank (torch.profiler, Chrome trace files DIR/<mode>_rank<r>.json, open them in
 chrome://tracing or ui.perfetto.dev); rank 0 counts the all-reduces that started before
-backward ended and writes DIR/overlap_spans.json, from which ddpcourse.speed_draw draws the
+backward ended and writes DIR/overlap_spans.json, from which ddpcourse.figures.speed draws the
 timeline.
 """
 
@@ -43,7 +43,7 @@ from ddpcourse.exercises import exercises_for_a_script
 from ddpcourse.models import create_model
 from ddpcourse.report import format_table, summary_line
 from ddpcourse.runtime import fail, pick_device, world_of_one_unless_launched
-from ddpcourse.speed_draw import overlap_of, spans_of_trace
+from ddpcourse.traces import overlap_of, spans_of_trace
 
 MODES = ("no-comm", "after", "per-param", "bucketed", "ddp")
 

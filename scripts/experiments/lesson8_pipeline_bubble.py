@@ -265,7 +265,7 @@ def main():
         os.makedirs(os.path.dirname(args.events) or ".", exist_ok=True)
         with open(args.events, "w") as f:
             json.dump({"stages": stages, "device": device.type, "runs": record}, f)
-        from ddpcourse.sharding_draw import draw_pipeline
+        from ddpcourse.figures.sharding import draw_pipeline
 
         os.makedirs(os.path.dirname(args.picture) or ".", exist_ok=True)
         draw_pipeline(record, path=args.picture)

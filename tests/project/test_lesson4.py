@@ -1,6 +1,6 @@
 """Lesson 4: the collectives, groups, failure drill and benchmark scripts, run for real.
 
-The pictures' model (ddpcourse.collectives_draw) is checked on its own, and the collectives
+The pictures' model (ddpcourse.figures.collectives) is checked on its own, and the collectives
 script checks every real collective against it, so the figures show what torch does.
 """
 
@@ -12,16 +12,15 @@ import pytest
 from util import PYTHON, ROOT, run
 
 from ddpcourse.cluster.launch import launch
-from ddpcourse.collectives_draw import (
-    FIGURE_ORDER,
+from ddpcourse.collectives import (
     NOT_DEFINED,
-    draw,
     format_values,
     ring_allreduce_steps,
     simulate,
     starting_states,
     values,
 )
+from ddpcourse.figures.collectives import FIGURE_ORDER, draw
 
 
 def sections(stdout: str) -> dict[str, list[list[str]]]:

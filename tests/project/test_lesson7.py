@@ -18,14 +18,8 @@ import pytest
 from util import PYTHON, ROOT, run
 
 from ddpcourse.cluster.launch import launch
-from ddpcourse.speed_draw import (
-    draw_loader,
-    draw_memory,
-    draw_overlap,
-    overlap_of,
-    recorded,
-    spans_of_trace,
-)
+from ddpcourse.figures.speed import draw_loader, draw_memory, draw_overlap, recorded
+from ddpcourse.traces import overlap_of, spans_of_trace
 
 NOTEBOOK_RUNS = "runs/lesson7_notebook"
 STEP = ["--epochs", "1"]  # one epoch of lesson 3's model and data

@@ -13,10 +13,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ddpcourse.sharding import PARTS, STRATEGIES, predict, transformer_shapes
+from ddpcourse.sharding import PARTS, STRATEGIES, predict, read_records, transformer_shapes
 from ddpcourse.topology import PALETTE
 
-RECORDED = Path(__file__).resolve().parents[1] / "lessons" / "lesson8" / "figures"
+RECORDED = Path(__file__).resolve().parents[2] / "lessons" / "lesson8" / "figures"
 LABELS = {"ddp": "DDP", "zero": "ZeRO-1 (ZeroRedundancyOptimizer)", "fsdp": "FSDP2 (fully_shard)"}
 PART_COLOURS = {"params": PALETTE[1], "grads": PALETTE[0], "buckets": PALETTE[3],
                 "optimizer": PALETTE[2]}
@@ -76,12 +76,6 @@ def _numel(shape) -> int:
     for d in shape:
         n *= d
     return n
-
-
-def read_records(path) -> list[dict]:
-    """The JSON lines lesson8_memory.py --record appended, one per run."""
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
 
 
 def draw_measured_memory(records: list[dict], path: str | None = None):

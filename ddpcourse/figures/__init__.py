@@ -7,7 +7,6 @@ lessons/lessonN/figures/. The notebooks call the same functions.
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import os
 from collections.abc import Callable
@@ -34,7 +33,7 @@ def write_figures(lessons: list[int] | None = None, out_root: Path | None = None
     functions = figure_functions()
     written = []
     for lesson in lessons or sorted(functions):
-        folder = (out_root or Path(__file__).resolve().parent.parent / "lessons") \
+        folder = (out_root or Path(__file__).resolve().parents[2] / "lessons") \
             / f"lesson{lesson}" / "figures"
         folder.mkdir(parents=True, exist_ok=True)
         for name, fig in functions[lesson]().items():
@@ -43,16 +42,3 @@ def write_figures(lessons: list[int] | None = None, out_root: Path | None = None
             plt.close(fig)
             written.append(path)
     return written
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description="Write every lesson figure.")
-    parser.add_argument("--lesson", type=int, action="append")
-    parser.add_argument("--out", type=Path, default=None, help="a folder instead of lessons/")
-    args = parser.parse_args()
-    for path in write_figures(args.lesson, args.out):
-        print(f"wrote {path}")
-
-
-if __name__ == "__main__":
-    main()

@@ -15,32 +15,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ddpcourse.events import attempts_of
 from ddpcourse.topology import PALETTE
 
-RECORDED = Path(__file__).resolve().parents[1] / "lessons" / "lesson6" / "figures"
+RECORDED = Path(__file__).resolve().parents[2] / "lessons" / "lesson6" / "figures"
 KILL, DONE, SHADOW = "#D55E00", "#DDDDDD", "#FFFFFF"
-
-
-def read_events(path) -> list[dict]:
-    """The event log so far (one JSON object per complete line; a line being written is left
-    for the next read). Several ranks append to it at once: short lines, opened in append
-    mode, do not mix."""
-    try:
-        with open(path) as f:
-            return [json.loads(line) for line in f if line.endswith("\n")]
-    except FileNotFoundError:
-        return []
-
-
-def attempts_of(steps: list[dict]) -> list[list[dict]]:
-    """One rank's step records, split where its worker changed (a new pid: torchrun restarted
-    the job), in the order they were written."""
-    attempts: list[list[dict]] = []
-    for e in steps:
-        if not attempts or attempts[-1][-1]["pid"] != e["pid"]:
-            attempts.append([])
-        attempts[-1].append(e)
-    return attempts
 
 
 def _figure(width: float, height: float):
