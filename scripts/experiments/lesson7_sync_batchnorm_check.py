@@ -90,8 +90,7 @@ def main():
         torch.cuda.set_device(device)
         # TF32 convolutions round their inputs to 10 bits: two BatchNorms equal to 1e-7 would
         # feed them inputs that round apart, and 5 steps later differ by 1e-3 (seen on an H200).
-        torch.backends.cudnn.allow_tf32 = False
-        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
         # Exact arithmetic on GPUs too: no TF32 shortcuts, no nondeterministic kernels.
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
         torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
