@@ -172,8 +172,9 @@ def test_sync_batchnorm_on_two_processes_trains_as_one_process_does(lesson3):
         return
     synced = summary(job("lesson7_sync_batchnorm.py", STEP, 2))
     # The statistics are sums all-reduced in another order than one process adds them, and
-    # five steps at lr 0.1 magnify that rounding (measured: 3e-3 in the loss, one process
-    # against the same layers run apart, 1e-3). Plain BatchNorm on 2 processes is 4e-2 off.
+    # five steps at lr 0.1 magnify that rounding. Measured against lesson 3 on one process:
+    # these layers on 2 processes 3e-3 off in the loss (on one process, 1e-3); plain
+    # BatchNorm on 2 processes 4e-2.
     def loss_gap(run):
         return abs(float(run["train_loss"]) - float(lesson3[1]["train_loss"]))
     assert loss_gap(synced) < 6e-3 and loss_gap(synced) < loss_gap(lesson3[2]) / 4, (
