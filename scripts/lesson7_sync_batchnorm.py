@@ -53,7 +53,7 @@ class CPUSyncBatchNorm(nn.BatchNorm2d):
         if isinstance(module, nn.BatchNorm2d):
             replaced = cls(module.num_features, module.eps, module.momentum)
             replaced.load_state_dict(module.state_dict())
-            return replaced.to(module.running_mean.device)
+            return replaced.to(module.running_mean)  # its device and dtype
         for name, child in module.named_children():
             setattr(module, name, cls.convert(child))
         return module

@@ -88,9 +88,6 @@ def main():
     device, backend = pick_device(local_rank)
     if device.type == "cuda":
         torch.cuda.set_device(device)
-        # TF32 convolutions round their inputs to 10 bits: two BatchNorms equal to 1e-7 would
-        # feed them inputs that round apart, and 5 steps later differ by 1e-3 (seen on an H200).
-        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
         # Exact arithmetic on GPUs too: no TF32 shortcuts, no nondeterministic kernels.
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
         torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
@@ -115,10 +112,13 @@ def main():
 
     def batch(indices):
         images, labels = zip(*(train_set[i] for i in indices), strict=True)
-        return torch.stack(images), torch.stack(labels)
+        return torch.stack(images).double(), torch.stack(labels)
 
     torch.manual_seed(args.seed)
-    start = create_model(args.model, NUM_CLASSES["digits"]).to(device)
+    # float64 throughout: the rows compare normalisations, not kernels' rounding. In float32
+    # two kernels round apart by 1e-7, enough to tip a near-tie (ReLU at 0, say) one way or the
+    # other; training then amplifies it (one process, 5 steps: 1.2e-3 off, rising 50x a step).
+    start = create_model(args.model, NUM_CLASSES["digits"]).to(device, torch.float64)
     variants = [("BatchNorm", lambda m: m)]
     if CPUSyncBatchNorm.sync_batch_norm is not None:
         variants.append(("hand-built SyncBatchNorm", CPUSyncBatchNorm.convert))
@@ -168,7 +168,7 @@ def main():
             seen = []
             hook = bn.register_forward_pre_hook(lambda _m, inputs: seen.append(inputs[0]))
             start.eval()
-            start(torch.stack([train_set[i][0] for i in range(512)]).to(device))
+            start(torch.stack([train_set[i][0] for i in range(512)]).to(device, torch.float64))
             hook.remove()
             values = seen[0].transpose(0, 1).flatten(1)  # channels x values
             mean, var = values.mean(1), values.var(1)
