@@ -92,7 +92,9 @@ def main():
         torch.cuda.set_device(device)
     dist.init_process_group(backend, timeout=timedelta(seconds=args.timeout))
     # One dimension, all ranks: the group the split layers talk over.
-    mesh = init_device_mesh(device.type, (world_size,), mesh_dim_names=("tp",))
+    # A group of its own for the mesh, as in lesson8_fsdp.py: DTensor keeps meshes until exit.
+    mesh = init_device_mesh(device.type, (world_size,), mesh_dim_names=("tp",),
+                            backend_override={"tp": backend})
 
     train_set, _ = load_datasets("digits")
     in_features, classes = train_set[0][0].numel(), NUM_CLASSES["digits"]
