@@ -149,7 +149,11 @@ def main():
     print(f"kill:    step {kill_step}, rank {victim} (pid {report['pid']}), SIGKILL")
     if len(attempts) < 2:
         sys.exit("error: the event log shows no second attempt after the kill")
-    reached, resumed = attempts[0][-1], attempts[1][0]  # the last step before, the first after
+    resumed = attempts[1][0]  # rank 0's first step after the restart
+    # The last step any rank logged before the kill: rank 0 may not have logged the step the
+    # victim had just finished when torchrun stopped it.
+    reached = max((e for e in read_events(events) if e["time"] < resumed["time"]),
+                  key=lambda e: e["step"])
     print(f"restart: torchrun stopped the job's workers and started {args.nproc} new one(s); "
           f"{resumed['time'] - report['killed_at']:.1f} s from the kill to the first step "
           "after the resume")
