@@ -5,8 +5,8 @@
 
 It is lesson3_ddp.py with the training DataLoader given worker processes and its options:
     diff scripts/lesson3_ddp.py scripts/lesson7_dataloader.py
-Whether workers pay depends on the work per sample and the free cores: the sweep in
-scripts/experiments/lesson7_loader_bench.py measures it (lessons/lesson7/data_loading.md).
+Whether workers pay depends on the work per sample and the free cores: the experiment's
+sweep (make lesson7-loader) measures it (lessons/lesson7/data_loading.md).
 """
 
 import os

@@ -7,8 +7,8 @@ It is lesson3_ddp.py with the DDP wrapper replaced by your BucketedAllReduce (ex
 l7_bucketed_allreduce; the reference where the course has it, --impl chooses):
     diff scripts/lesson3_ddp.py scripts/lesson7_overlap.py
 Its losses and accuracies equal lesson3_ddp.py's, to float rounding. make lesson7-overlap
-times the same class against DDP and draws where the all-reduces run
-(scripts/experiments/lesson7_overlap_bench.py).
+times the same class against DDP and draws where the all-reduces run (the experiment
+overlap_bench in scripts/experiments/).
 """
 
 import os

@@ -3,8 +3,8 @@
     make lesson7-loader                                 # runs the step, then this command:
     python scripts/experiments/lesson7_loader_bench.py
 
-The step scripts/lesson7_dataloader.py gives lesson 3's training loader its workers and
-options; this experiment measures when they pay. One process, as one rank of a DDP job
+Lesson 7's data-loading step gives lesson 3's training loader its workers and options;
+this experiment measures when they pay. One process, as one rank of a DDP job
 is: each rank has its own DataLoader and its own workers, so what one rank measures here is
 what every rank of a job gets (on a machine whose cores the ranks share, divide them). The
 dataset does real work per sample: it decodes a PNG (PIL) and augments it (a random crop,
