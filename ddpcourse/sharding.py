@@ -218,6 +218,12 @@ def plan_table(shapes, world_size: int, optimizer: str = "adam") -> list[dict]:
     return rows
 
 
+def read_records(path) -> list[dict]:
+    """The JSON lines lesson8_memory.py --record appended, one per run."""
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
 def main(argv: list[str] | None = None) -> int:
     from ddpcourse.cli import ArgumentParser
     from ddpcourse.report import format_table
@@ -243,9 +249,3 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
-
-
-def read_records(path) -> list[dict]:
-    """The JSON lines lesson8_memory.py --record appended, one per run."""
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
