@@ -321,6 +321,27 @@ def test_column_and_row_splits_equal_the_dense_layers():
     assert summary(out)["same_as_dense"] == "True" and float(summary(out)["max_diff"]) < 1e-5
 
 
+# --- rank 0 of a 1,024-rank job, in one process ---------------------------------------------
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_rank_0_of_1024_holds_its_predicted_shard_of_a_7b_shaped_model():
+    """The fake backend stands in for 1,023 other ranks: the bytes rank 0 really holds after a
+    real Adam step are the predictor's, to its stated margin (one block, to stay quick)."""
+    result = run([PYTHON, "scripts/experiments/lesson8_scale.py", "--world-size", "1024",
+                  "--layers", "1", "--tokens", "4"], timeout=280)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    facts = summary(result.stdout)
+    assert facts["world_size"] == "1024" and facts["params_b"] == "0.46", facts
+    assert float(facts["worst_diff"]) < MARGIN, facts
+    measured, predicted = float(facts["measured_gb"]), float(facts["predicted_gb"])
+    # 16 bytes per parameter over 1,024 ranks, a little more for the padding of each piece
+    assert 16 * 0.46 / 1024 <= predicted < 16 * 0.47 / 1024 * 1.05
+    assert abs(measured - predicted) < 1e-4
+    rows = {row["part"]: row for row in table(result.stdout)}
+    assert rows["params"]["held MB"] == rows["params"]["predicted MB"], rows
+
+
 # --- the scripts' diffs, and bad input ------------------------------------------------------
 
 @pytest.mark.slow
@@ -334,6 +355,7 @@ def test_column_and_row_splits_equal_the_dense_layers():
     (["scripts/experiments/lesson8_memory.py", "--steps", "0"],
      "--steps and --batch-size must be at least"),
     (["scripts/experiments/lesson8_tensor_parallel.py", "--hidden", "0"], "must be at least 1"),
+    (["scripts/experiments/lesson8_scale.py", "--world-size", "0"], "--world-size must be 1 to"),
 ])
 def test_bad_arguments_are_one_line(args, message):
     result = run([PYTHON, *args], timeout=60)
