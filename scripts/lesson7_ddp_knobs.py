@@ -114,8 +114,9 @@ def main():
                 # Gradients travel in buckets of this many MB, each all-reduced as soon as
                 # it is full, while backward goes on (None keeps DDP's default).
                 bucket_cap_mb=args.bucket_cap_mb,
-                # p.grad becomes a view into its bucket: no copy into and out of the bucket
-                # each step, and one copy of the gradients' memory instead of two.
+                # p.grad becomes a view into its bucket: one copy of the gradients' memory
+                # between steps instead of two (the copy into the bucket is saved only if
+                # zero_grad keeps the gradients: set_to_none=False).
                 gradient_as_bucket_view=True,
                 # The same parameters get gradients in every step: DDP learns which in the
                 # first step instead of searching the graph each step when some get none

@@ -97,6 +97,9 @@ def main():
         fail(str(mistake))
 
     train_set, val_set = load_datasets(args.dataset, args.data_dir, args.image_size)
+    if batch_size > min(len(train_set), len(val_set)):  # whole batches only, below
+        fail(f"--batch-size {batch_size} is more than the {min(len(train_set), len(val_set))} "
+             "images of the smaller split: there would be no whole batch")
     # Every stage walks the same batches, whole ones: stages pass micro-batches of one shape.
     sampler = DistributedSampler(train_set, num_replicas=1, rank=0, shuffle=True,
                                  seed=args.seed)

@@ -295,7 +295,7 @@ def test_accumulation_equals_one_big_batch_in_one_process(ex):
 
 
 @pytest.mark.l7_accumulate_no_sync
-@pytest.mark.points(2)
+@pytest.mark.points(6)
 def test_only_the_last_micro_batch_is_synchronised(ex):
     """Of the K forwards of a step, one per micro-batch, DDP would all-reduce after the last
     only: the others run inside no_sync() (the forward too: DDP decides there). K = 1: its

@@ -357,7 +357,7 @@ def test_pipeline_sends_one_message_per_micro_batch_each_way(ex, world_size):
 
 
 @pytest.mark.l8_pipeline_step
-@pytest.mark.points(1)
+@pytest.mark.points(6)
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_pipeline_runs_all_forwards_before_the_backwards(ex, world_size):
     """GPipe: every micro-batch's activation crosses before the first gradient does (and the

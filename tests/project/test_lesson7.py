@@ -190,7 +190,8 @@ def test_accumulating_four_micro_batches_trains_as_the_whole_batch():
     accumulated = summary(job("lesson7_accumulate.py", VIT, 3))
     assert (accumulated["accumulation"], accumulated["micro_batch"]) == ("4", "20")
     assert abs(float(accumulated["train_loss"]) - float(whole["train_loss"])) < 1e-3
-    assert accumulated["val_acc"] == whole["val_acc"]
+    # one prediction in 359 may flip with the rounding: 1 / 359 is 0.0028
+    assert abs(float(accumulated["val_acc"]) - float(whole["val_acc"])) < 0.006
 
 
 @pytest.mark.slow

@@ -77,7 +77,7 @@ def sub_groups():
     """(this rank's group, its global ranks): the even ranks and the odd ones, each a group.
     Every rank creates every group (torch requires it), in the same order."""
     parts = [list(range(0, WORLD, 2)), list(range(1, WORLD, 2))]
-    groups = [dist.new_group(ranks) for ranks in parts]
+    groups = [dist.new_group(ranks, timeout=GROUP_TIMEOUT) for ranks in parts]  # not gloo's 30 min
     mine = next(i for i, ranks in enumerate(parts) if RANK in ranks)
     return groups[mine], parts[mine]
 
@@ -131,8 +131,9 @@ class Launches(Traffic):
             known = len(self.collectives)
             result = super().__torch_dispatch__(func, types, args, kwargs)
             if len(self.collectives) > known:  # a collective, not a wait or a barrier
-                async_op = (args[4] if name == "c10d::allreduce_" and len(args) > 4
-                            else (kwargs or {}).get("asyncOp", True))
+                # c10d passes async_op positionally when it is False and leaves it out when
+                # True (its default)
+                async_op = not (name == "c10d::allreduce_" and len(args) > 4 and not args[4])
                 w = self.watch
                 w.launches.append((self.collectives[-1], w.phase, w.pending, bool(async_op)))
             return result

@@ -1,4 +1,4 @@
-"""l7_accumulate_no_sync: 1 of 8. no_sync done right, but each micro-batch's loss is not
+"""l7_accumulate_no_sync: 1 of 12. no_sync done right, but each micro-batch's loss is not
 scaled by 1/K: the accumulated gradient is K times the big batch's, a step K times too
 long. Only the loss it returns is right."""
 

@@ -1,4 +1,4 @@
-"""l7_accumulate_no_sync: 6 of 8. Joins the K micro-batches into one batch and runs one
+"""l7_accumulate_no_sync: 6 of 12. Joins the K micro-batches into one batch and runs one
 forward and backward: the same numbers and one all-reduce, but no accumulation at all, so
 the memory for a big batch that accumulation exists to avoid is needed after all."""
 

@@ -1,4 +1,4 @@
-"""l7_accumulate_no_sync: 2 of 8. Every micro-batch inside no_sync, the last one too: no
+"""l7_accumulate_no_sync: 2 of 12. Every micro-batch inside no_sync, the last one too: no
 gradient is ever all-reduced, so each rank steps with its own gradients and the ranks drift
 apart. Right only in a world of one."""
 

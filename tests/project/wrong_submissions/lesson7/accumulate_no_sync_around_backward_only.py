@@ -1,4 +1,4 @@
-"""l7_accumulate_no_sync: 4 of 8. no_sync around backward only: DDP decides in forward
+"""l7_accumulate_no_sync: 4 of 12. no_sync around backward only: DDP decides in forward
 whether the next backward communicates, so every micro-batch is still all-reduced. The
 same numbers, K times the traffic (torch's docs warn of exactly this)."""
 

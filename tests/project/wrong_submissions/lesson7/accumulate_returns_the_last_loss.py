@@ -1,4 +1,4 @@
-"""l7_accumulate_no_sync: 7 of 8. The step is right, but it returns the last micro-batch's
+"""l7_accumulate_no_sync: 11 of 12. The step is right, but it returns the last micro-batch's
 loss, not the mean over the K micro-batches."""
 
 from contextlib import nullcontext

@@ -1,4 +1,4 @@
-"""l7_accumulate_no_sync: 0 of 8. The optimizer steps (and the gradients are zeroed) after
+"""l7_accumulate_no_sync: 0 of 12. The optimizer steps (and the gradients are zeroed) after
 every micro-batch: K small steps, not one step on the big batch (and the losses it
 averages were taken at K different parameters)."""
 

@@ -1,4 +1,4 @@
-"""l7_accumulate_no_sync: 8 of 8. A right answer written another way: the first K - 1
+"""l7_accumulate_no_sync: 12 of 12. A right answer written another way: the first K - 1
 micro-batches go through the wrapped module itself (ddp_model.module), which DDP does not
 watch, so their backward communicates nothing; the last goes through DDP. Accepted."""
 

@@ -1,4 +1,4 @@
-"""l7_accumulate_no_sync: 4 of 8. Accumulation without no_sync: DDP all-reduces after every
+"""l7_accumulate_no_sync: 4 of 12. Accumulation without no_sync: DDP all-reduces after every
 micro-batch's backward. The same numbers (the mean of sums is the sum of means), K times
 the traffic."""
 

@@ -1,4 +1,4 @@
-"""l8_pipeline_step: 2 of 14. The two stages go through the backwards in different orders.
+"""l8_pipeline_step: 2 of 24. The two stages go through the backwards in different orders.
 
 Stage 1 sends the gradients last micro-batch first, as it should; stage 0 takes them as if
 they came first micro-batch first, and back-propagates each through another micro-batch's

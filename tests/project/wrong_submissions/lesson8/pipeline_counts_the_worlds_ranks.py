@@ -1,4 +1,4 @@
-"""l8_pipeline_step: 7 of 14. The world's size checked, not the group's.
+"""l8_pipeline_step: 12 of 24. The world's size checked, not the group's.
 
 dist.get_world_size() without the group: in a world of two it is right, but it lets a group
 of one through (the world has two ranks), and it refuses the group of global ranks 1 and 2

@@ -1,4 +1,4 @@
-"""l8_pipeline_step: 2 of 14. Each micro-batch's loss back-propagated without the 1/M.
+"""l8_pipeline_step: 2 of 24. Each micro-batch's loss back-propagated without the 1/M.
 
 The messages are right, but the gradients summed over M micro-batches are M times those of
 the whole batch's mean loss: each micro-batch's loss is already a mean over its samples.

@@ -1,4 +1,4 @@
-"""l8_pipeline_step: 14 of 14. Right, another way: isend / irecv to global ranks.
+"""l8_pipeline_step: 24 of 24. Right, another way: isend / irecv to global ranks.
 
 The other stage's global rank is looked up once (the world's group object stands in for
 None, which get_global_rank does not take); every activation goes out with isend as soon as

@@ -1,4 +1,4 @@
-"""l8_pipeline_step: 12 of 14. Each micro-batch's forward and backward before the next's.
+"""l8_pipeline_step: 12 of 24. Each micro-batch's forward and backward before the next's.
 
 Right gradients and the right messages, but no pipeline: stage 0 waits for micro-batch i's
 gradient before it starts micro-batch i+1, so the two stages never work at once. GPipe runs

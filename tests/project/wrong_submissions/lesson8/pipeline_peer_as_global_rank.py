@@ -1,4 +1,4 @@
-"""l8_pipeline_step: 8 of 14. The other stage's group rank used as its global rank.
+"""l8_pipeline_step: 13 of 24. The other stage's group rank used as its global rank.
 
 dist.send(t, dst=1 - me, group=group) reads dst as a global rank. In the world group the
 two agree; in the group of global ranks 1 and 2 (a pipeline beside other work), stage 0

@@ -1,4 +1,4 @@
-"""l8_pipeline_step: 2 of 14. The activations are detached and no gradient goes back.
+"""l8_pipeline_step: 2 of 24. The activations are detached and no gradient goes back.
 
 Stage 1 learns, but the graph ends at the detached activation it received: stage 0's
 parameters get no gradient at all, so the first half of the model never trains.

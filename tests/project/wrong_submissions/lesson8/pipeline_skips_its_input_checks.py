@@ -1,4 +1,4 @@
-"""l8_pipeline_step: 12 of 14. No check of the group or of the micro-batch count.
+"""l8_pipeline_step: 22 of 24. No check of the group or of the micro-batch count.
 
 Right on every argument it should accept. Handed a group of one, three ranks or a batch
 that does not split into M, it starts anyway: it runs its stage and waits for messages the

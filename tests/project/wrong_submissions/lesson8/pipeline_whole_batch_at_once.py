@@ -1,4 +1,4 @@
-"""l8_pipeline_step: 6 of 14. The whole batch crosses in one message each way.
+"""l8_pipeline_step: 6 of 24. The whole batch crosses in one message each way.
 
 Stage 0 runs the whole batch and sends one activation; stage 1 answers with one gradient.
 The gradients are right, but that is a model split over two processes with no pipeline:
