@@ -25,20 +25,32 @@ def figure_functions() -> dict[int, Callable[[], dict]]:
     return found
 
 
+DPI = 110
+
+
+def save_or_return(fig, path: str | None = None):
+    """Save `fig` to `path` (making its folder) and return the path; without a path, return
+    the Figure, for a notebook to show."""
+    if not path:
+        return fig
+    import matplotlib.pyplot as plt
+
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=DPI, metadata={"Software": None})
+    plt.close(fig)
+    return path
+
+
 def write_figures(lessons: list[int] | None = None, out_root: Path | None = None) -> list[Path]:
     """Render the figures of `lessons` (all by default); returns the files written."""
     os.environ.setdefault("MPLBACKEND", "Agg")
-    import matplotlib.pyplot as plt
-
     functions = figure_functions()
     written = []
     for lesson in lessons or sorted(functions):
         folder = (out_root or Path(__file__).resolve().parents[2] / "lessons") \
             / f"lesson{lesson}" / "figures"
-        folder.mkdir(parents=True, exist_ok=True)
         for name, fig in functions[lesson]().items():
             path = folder / name
-            fig.savefig(path, dpi=110, metadata={"Software": None})
-            plt.close(fig)
+            save_or_return(fig, path)
             written.append(path)
     return written

@@ -16,6 +16,7 @@ import json
 from pathlib import Path
 
 from ddpcourse.events import attempts_of
+from ddpcourse.figures import save_or_return
 from ddpcourse.topology import PALETTE
 
 RECORDED = Path(__file__).resolve().parents[2] / "lessons" / "lesson6" / "figures"
@@ -26,18 +27,6 @@ def _figure(width: float, height: float):
     import matplotlib.pyplot as plt
 
     return plt.subplots(figsize=(width, height))
-
-
-def _save(fig, path: str | None):
-    """Save to `path` when given and return it, else return the Figure."""
-    if not path:
-        return fig
-    import matplotlib.pyplot as plt
-
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
 
 
 def draw_timeline(record: dict, path: str | None = None):
@@ -82,7 +71,7 @@ def draw_timeline(record: dict, path: str | None = None):
     ax.grid(alpha=0.3)
     ax.legend(loc="upper center", fontsize=8.5)
     fig.tight_layout()
-    return _save(fig, path)
+    return save_or_return(fig, path)
 
 
 def _box(ax, x, y, text, face, hatch=None, edge="#333333", width=0.9, height=0.62):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ddpcourse.figures import save_or_return
 from ddpcourse.sharding import PARTS, STRATEGIES, predict, read_records, transformer_shapes
 from ddpcourse.topology import PALETTE
 
@@ -35,12 +36,7 @@ def _pyplot(path):
 
 def _done(fig, path):
     fig.tight_layout()
-    if path:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, dpi=110)
-        _pyplot(path).close(fig)
-        return path
-    return fig
+    return save_or_return(fig, path)
 
 
 def draw_memory_vs_world(shapes=None, optimizer: str = "adam", device_gb: float = 80,

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ddpcourse.figures import save_or_return
 from ddpcourse.topology import PALETTE
 from ddpcourse.traces import overlap_of
 
@@ -77,7 +78,7 @@ def draw_overlap(record: dict, path: str | None = None):
     fig.legend(handles, [*MARKER_COLOURS, "all-reduce"], loc="lower center", ncol=5,
                fontsize=8, frameon=False)
     fig.tight_layout(rect=(0, 0.04, 1, 1))
-    return _saved(fig, path)
+    return save_or_return(fig, path)
 
 
 # --- data loading --------------------------------------------------------------------------
@@ -115,7 +116,7 @@ def draw_loader(record: dict, path: str | None = None):
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    return _saved(fig, path)
+    return save_or_return(fig, path)
 
 
 # --- shared memory -------------------------------------------------------------------------
@@ -151,18 +152,7 @@ def draw_memory(record: dict, path: str | None = None):
                  f"{len(runs[0]['processes'])} processes: one copy each, or one for all",
                  fontsize=11)
     fig.tight_layout(rect=(0, 0.05, 1, 1))
-    return _saved(fig, path)
-
-
-def _saved(fig, path):
-    if path:
-        import matplotlib.pyplot as plt
-
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        return path
-    return fig
+    return save_or_return(fig, path)
 
 
 def recorded(name: str) -> dict:
