@@ -342,6 +342,24 @@ def test_rank_0_of_1024_holds_its_predicted_shard_of_a_7b_shaped_model():
     assert rows["params"]["held MB"] == rows["params"]["predicted MB"], rows
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_activations_grow_with_every_token_and_checkpointing_keeps_a_fraction():
+    result = run([PYTHON, "scripts/experiments/lesson8_activations.py", "--layers", "2",
+                  "--width", "128", "--batches", "1,2,4", "--lengths", "32,64",
+                  "--repeats", "1"], timeout=180)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    rows = table(result.stdout)
+    per_token = {row["KB per token"] for row in rows if "KB per token" in row}
+    saved = {(int(r["batch"]), int(r["tokens"])): float(r["saved MB"])
+             for r in rows if "tokens" in r}
+    assert len(saved) == 6 and len(per_token) == 1, rows  # linear in batch and in length
+    assert saved[(4, 64)] == pytest.approx(8 * saved[(1, 32)], rel=0.01)
+    facts = summary(result.stdout)
+    # every block keeps only its input: a small share, and recomputing changes no gradient
+    assert float(facts["memory_ratio"]) < 0.35 and float(facts["grad_diff"]) < 1e-6, facts
+
+
 # --- the scripts' diffs, and bad input ------------------------------------------------------
 
 @pytest.mark.slow
@@ -356,6 +374,7 @@ def test_rank_0_of_1024_holds_its_predicted_shard_of_a_7b_shaped_model():
      "--steps and --batch-size must be at least"),
     (["scripts/experiments/lesson8_tensor_parallel.py", "--hidden", "0"], "must be at least 1"),
     (["scripts/experiments/lesson8_scale.py", "--world-size", "0"], "--world-size must be 1 to"),
+    (["scripts/experiments/lesson8_activations.py", "--batches", "two"], "--batches and --lengths"),
 ])
 def test_bad_arguments_are_one_line(args, message):
     result = run([PYTHON, *args], timeout=60)
