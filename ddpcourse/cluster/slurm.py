@@ -96,8 +96,12 @@ def unavailable_reason() -> str | None:
 
 # --- the configuration --------------------------------------------------------------------------
 
-def slurm_conf(folder: str, nodes: int, munge_socket: str, cpus: int = CPUS_PER_NODE) -> str:
-    """slurm.conf for a cluster of `nodes` hosts whose files all lie under `folder`."""
+def slurm_conf(folder: str, nodes: int, munge_socket: str, cpus: int = CPUS_PER_NODE,
+               kill_wait: int = 5, requeue_wait: int | None = None) -> str:
+    """slurm.conf for a cluster of `nodes` hosts whose files all lie under `folder`.
+    kill_wait: seconds from the SIGTERM that stops a job to the SIGKILL (SLURM's default: 30).
+    requeue_wait: seconds a requeued job waits before it may start again (SLURM's cred_expire,
+    also the lifetime of a job step's credential; None: SLURM's default, 120)."""
     lines = [
         "# A throw-away cluster made by ddpcourse.cluster.slurm on ddpcourse.cluster.hosts' hosts",
         "ClusterName=course",
@@ -107,7 +111,8 @@ def slurm_conf(folder: str, nodes: int, munge_socket: str, cpus: int = CPUS_PER_
         # munge with this run's own munged (socket) and key
         "AuthType=auth/munge",
         "CredType=cred/munge",
-        f"AuthInfo=socket={munge_socket}",
+        f"AuthInfo=socket={munge_socket}"
+        + (f",cred_expire={requeue_wait}" if requeue_wait else ""),
         # No cgroups: track processes by parentage, do not bind tasks to cores
         "ProctrackType=proctrack/linuxproc",
         "TaskPlugin=task/none",
@@ -129,7 +134,7 @@ def slurm_conf(folder: str, nodes: int, munge_socket: str, cpus: int = CPUS_PER_
         # sbatch --wait polls every 2 s only while MinJobAge / 2 <= 2, else 8 s and more
         "MinJobAge=5",
         "SchedulerParameters=batch_sched_delay=0",  # start batch jobs at once, not 3 s later
-        "KillWait=5",                  # seconds from SIGTERM to SIGKILL for a cancelled job
+        f"KillWait={kill_wait}",       # seconds from SIGTERM to SIGKILL for a stopped job
         "ReturnToService=2",           # a node that restarts is usable at once
         "EnforcePartLimits=ALL",       # refuse a job that cannot fit, instead of queueing it
         "SlurmdParameters=config_overrides",  # the hosts share the cores: trust these counts
@@ -191,9 +196,11 @@ class Cluster:
     go (ddpcourse.cluster.hosts stops every process inside them: daemons and jobs), then the folder.
     """
 
-    def __init__(self, count: int = 2, start_timeout: float = START_TIMEOUT):
+    def __init__(self, count: int = 2, start_timeout: float = START_TIMEOUT,
+                 kill_wait: int = 5, requeue_wait: int | None = None):
         self.hosts = H.Hosts(count)
         self.count = count
+        self.waits = {"kill_wait": kill_wait, "requeue_wait": requeue_wait}
         self.start_timeout = start_timeout
         self.folder = ""
         self.conf = ""
@@ -255,7 +262,8 @@ class Cluster:
         with os.fdopen(key, "wb") as f:
             f.write(os.urandom(1024))
         self.conf = self.path("slurm.conf")
-        files = {"slurm.conf": slurm_conf(self.folder, self.count, self.munge_socket),
+        files = {"slurm.conf": slurm_conf(self.folder, self.count, self.munge_socket,
+                                                 **self.waits),
                  "cgroup.conf": CGROUP_CONF,   # read from slurm.conf's folder
                  "plugstack.conf": ""}
         for name, text in files.items():

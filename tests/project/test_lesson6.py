@@ -10,9 +10,13 @@ import pytest
 import torch
 from util import PYTHON, ROOT, run, share_of_lines_kept
 
+from ddpcourse.cluster import slurm
 from ddpcourse.cluster.launch import launch
+from ddpcourse.events import attempts_of, read_events
 
 EXPERIMENTS = "scripts/experiments"
+NO_SLURM = slurm.unavailable_reason()
+needs_slurm = pytest.mark.skipif(NO_SLURM is not None, reason=f"no SLURM cluster here: {NO_SLURM}")
 
 
 @pytest.mark.slow
@@ -153,3 +157,62 @@ def test_while_an_exercise_is_a_stub_the_step_says_so_in_one_line(tmp_path):
 def test_the_resumable_script_is_lesson_3_plus_its_lesson():
     """`diff lesson3_ddp.py lesson6_resumable.py` teaches: lesson 3's lines are all there."""
     assert share_of_lines_kept("lesson3_ddp.py", "lesson6_resumable.py") > 0.8
+
+
+# --- preempted: SIGTERM under torchrun, and a SLURM job requeued --------------------------
+
+PREEMPT = f"{EXPERIMENTS}/lesson6_preempt_drill.py"
+
+
+def preempt_drill(tmp_path, *args, timeout=240):
+    result = run([PYTHON, PREEMPT, "--epochs", "4", "--out", str(tmp_path), *args],
+                 timeout=timeout)
+    out = result.stdout
+    assert result.returncode == 0, (out + result.stderr)[-4000:]
+    summary = dict(re.findall(r"(\w+)=(\S+)", out.strip().splitlines()[-1]))
+    return out, summary
+
+
+def resumed_without_loss(tmp_path, name, world, stopped):
+    """From the drill's files: the run after the stop began at the step after it, and its
+    final weights equal the uninterrupted run's, bit for bit."""
+    ranks0 = [e for e in read_events(tmp_path / f"{name}_events.jsonl") if e["rank"] == 0]
+    first_after = [attempt[0]["step"] for attempt in attempts_of(ranks0)[1:]]
+    assert first_after == [stopped + 1], (first_after, stopped)
+    ref, again = (torch.load(tmp_path / f"{n}_final.pt", weights_only=True)["model"]
+                  for n in (f"reference_w{world}", name))
+    assert ref.keys() == again.keys() and all(torch.equal(ref[k], again[k]) for k in ref)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_sigterm_to_torchrun_saves_at_once_and_the_same_command_loses_no_step(tmp_path):
+    out, summary = preempt_drill(tmp_path, "--nproc", "3", "--parts", "torchrun", "--seed", "5")
+    stopped = int(summary["torchrun_stopped_at_step"])
+    assert summary["torchrun_bit_identical"] == "yes" and summary["slurm"] == "skipped", summary
+    assert 2 <= stopped < int(summary["steps"]) == 24, summary
+    # Every rank agreed on the step; rank 0 saved it; torchrun reported the stop as a failure
+    assert f"preempted: SIGTERM after step {stopped}; snapshot written" in out
+    assert re.search(rf"^stopped: after step {stopped}; torchrun's exit status [1-9]", out, re.M)
+    resumed_without_loss(tmp_path, "torchrun", 3, stopped)
+
+
+@needs_slurm
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_slurm_job_requeued_mid_run_resumes_to_bit_identical_weights(tmp_path):
+    out, summary = preempt_drill(tmp_path, "--hosts", "2", "--parts", "slurm", "--seed", "2",
+                                 timeout=280)
+    stopped = int(summary["slurm_stopped_at_step"])
+    assert summary["slurm_requeued"] == "1" and summary["slurm_bit_identical"] == "yes", summary
+    # SLURM itself stopped the job and started it again under the same number
+    assert re.search(r"\*\*\* JOB (\d+) ON host0 CANCELLED AT \S+ DUE TO JOB REQUEUE \*\*\*",
+                     out), out[-3000:]
+    assert re.search(r"^job (\d+): run 1 on .*\n(?:.*\n)*?job \1: run 2 on ", out, re.M)
+    resumed_without_loss(tmp_path, "slurm", 2, stopped)
+
+
+def test_the_preempt_drill_refuses_unknown_parts_in_one_line():
+    result = run([PYTHON, PREEMPT, "--parts", "torchrun,pbs"], timeout=60)
+    assert result.returncode == 2 and "--parts takes torchrun, slurm" in result.stderr
+    assert len(result.stderr.strip().splitlines()) <= 2, result.stderr
