@@ -17,14 +17,20 @@ held_bytes():       weights, gradients and optimizer state measured on a live ra
                     of the distinct storages they really occupy (DDP's buckets are not
                     parameters' storages: scripts/experiments/lesson8_memory.py adds them).
 collectives():      the collectives this process started, read from torch's flight recorder.
+zero_stage_bytes(): the ZeRO paper's flat count for any number of parameters: the model as one
+                    tensor, a shard of ceil(N / W), fp32 or mixed precision (2 + 2 + 12 bytes
+                    per parameter for Adam), for DDP and ZeRO's three stages.
 
-    python -m ddpcourse.sharding --model 7b --world-size 8    # the table for a 7B model
+    python -m ddpcourse.sharding --model 7b --world-size 8    # torch's layouts, then ZeRO's
+    python -m ddpcourse.sharding --params 1.3e9 --world-size 16 --precision mixed
+    python -m ddpcourse.sharding --zero-paper                 # beside the paper's Figure 1
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 import sys
 
 STRATEGIES = ("ddp", "zero", "fsdp")
@@ -33,6 +39,16 @@ OPTIMIZER_BUFFERS = {"sgd": 0, "sgd_momentum": 1, "adam": 2}
 PARTS = ("params", "grads", "buckets", "optimizer")
 GB = 1e9
 BYTES_PER_VALUE = 4  # fp32: the lesson's runs and tables
+PRECISIONS = ("fp32", "mixed")
+# The ZeRO paper's stages and the terms each shards over the W data-parallel ranks.
+ZERO_STAGES = {"ddp": (), "zero1": ("optimizer",), "zero2": ("optimizer", "grads"),
+               "zero3": ("optimizer", "grads", "params")}
+# Rajbhandari et al., "ZeRO: Memory Optimizations Toward Training Trillion Parameter Models"
+# (SC 2020, arXiv:1910.02054), Figure 1: GB per GPU for 7.5 B parameters on 64 GPUs, mixed
+# precision, Adam (K = 12), as the paper prints them.
+ZERO_PAPER_CASE = {"num_params": 7_500_000_000, "world_size": 64, "precision": "mixed",
+                   "optimizer": "adam"}
+ZERO_PAPER_GB = {"ddp": 120.0, "zero1": 31.4, "zero2": 16.6, "zero3": 1.9}
 
 
 def zero_owners(numels: list[int], world_size: int) -> list[int]:
@@ -94,6 +110,40 @@ def predict(shapes: list[tuple[int, ...]], world_size: int, strategy: str,
         held["total"] = sum(held.values())
         ranks.append(held)
     return ranks
+
+
+def bytes_per_parameter(precision: str = "fp32", optimizer: str = "adam") -> dict[str, int]:
+    """Bytes of each term per parameter, before sharding. fp32: 4, 4, and 4 per optimizer
+    buffer. mixed: bf16 weights and gradients, 2 and 2; the optimizer keeps an fp32 master
+    copy of the weights beside its fp32 buffers, 4 + 4 per buffer (Adam: 12)."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}; choose one of {', '.join(PRECISIONS)}")
+    if optimizer not in OPTIMIZER_BUFFERS:
+        raise ValueError(f"unknown optimizer {optimizer!r}; choose one of "
+                         f"{', '.join(OPTIMIZER_BUFFERS)}")
+    buffers = OPTIMIZER_BUFFERS[optimizer]
+    if precision == "mixed":
+        return {"params": 2, "grads": 2, "optimizer": 4 + 4 * buffers}
+    return {"params": 4, "grads": 4, "optimizer": 4 * buffers}
+
+
+def zero_stage_bytes(num_params: int, world_size: int, stage: str, precision: str = "fp32",
+                     optimizer: str = "adam") -> dict[str, int]:
+    """Bytes of params, grads and optimizer state (and their total) on every rank under a
+    ZeRO stage ("ddp", "zero1", "zero2", "zero3"), counted as the paper counts: the model one
+    flat tensor of num_params values, a sharded term holding ceil(N / W) of them (ZeRO and
+    FSDP pad to a multiple of W), an unsharded term all N; no DDP buckets, no activations."""
+    if stage not in ZERO_STAGES:
+        raise ValueError(f"unknown stage {stage!r}; choose one of {', '.join(ZERO_STAGES)}")
+    if num_params < 1 or world_size < 1:
+        raise ValueError(f"need at least 1 parameter and 1 rank, got {num_params} and "
+                         f"{world_size}")
+    per_param = bytes_per_parameter(precision, optimizer)
+    shard = -(-num_params // world_size)  # ceil, in integers: exact for any N
+    held = {term: per_param[term] * (shard if term in ZERO_STAGES[stage] else num_params)
+            for term in ("params", "grads", "optimizer")}
+    held["total"] = sum(held.values())
+    return held
 
 
 def shapes_of(model) -> list[tuple[int, ...]]:
@@ -218,6 +268,59 @@ def plan_table(shapes, world_size: int, optimizer: str = "adam") -> list[dict]:
     return rows
 
 
+STAGE_NAMES = {"ddp": ("DDP", "nothing"), "zero1": ("ZeRO-1", "optimizer state"),
+               "zero2": ("ZeRO-2", "+ gradients"), "zero3": ("ZeRO-3", "+ weights")}
+
+
+def gb(n_bytes: float) -> str:
+    """GB with one decimal (the paper's 31.4), three digits below 1 GB (0.105, not 0.1)."""
+    n = n_bytes / GB
+    return f"{n:,.1f}" if n >= 1 else f"{n:.3g}"
+
+
+def is_zero_paper_case(num_params: int, world_size: int, precision: str,
+                       optimizer: str) -> bool:
+    return dict(num_params=num_params, world_size=world_size, precision=precision,
+                optimizer=optimizer) == ZERO_PAPER_CASE
+
+
+def stage_table(num_params: int, world_size: int, precision: str = "fp32",
+                optimizer: str = "adam") -> list[dict]:
+    """One row per ZeRO stage, GB per rank, and the paper's own figure beside it when the case
+    is the paper's."""
+    paper = is_zero_paper_case(num_params, world_size, precision, optimizer)
+    rows = []
+    for stage, (name, sharded) in STAGE_NAMES.items():
+        held = zero_stage_bytes(num_params, world_size, stage, precision, optimizer)
+        row = {"stage": name, "sharded": sharded,
+               **{f"{part} GB": gb(held[part]) for part in ("params", "grads", "optimizer")},
+               "total GB": gb(held["total"])}
+        if paper:
+            row["paper GB"] = gb(ZERO_PAPER_GB[stage] * GB)
+        rows.append(row)
+    return rows
+
+
+def parameter_count(text: str) -> int:
+    """'7.5b' -> 7500000000, '1.3e9', '350m', '125k', '6,738,415,616': for argparse's type=.
+    Exact (decimal arithmetic, not floats); a whole, positive number of parameters or a
+    one-line error."""
+    import argparse
+    from decimal import Decimal
+
+    cleaned = str(text).strip().lower().replace(",", "").replace("_", "")
+    m = re.fullmatch(r"([+-]?(?:\d+\.?\d*|\.\d+)(?:e[+-]?\d+)?)([kmbt]?)", cleaned)
+    if not m:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a parameter count; use e.g. 7.5b, "
+                                          "1.3e9, 350m")
+    value = Decimal(m.group(1)) * 10 ** {"": 0, "k": 3, "m": 6, "b": 9, "t": 12}[m.group(2)]
+    if value < 1 or value > 10**15:
+        raise argparse.ArgumentTypeError(f"{text!r}: a model has 1 to 10^15 parameters")
+    if value != value.to_integral_value():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of parameters")
+    return int(value)
+
+
 def read_records(path) -> list[dict]:
     """The JSON lines lesson8_memory.py --record appended, one per run."""
     with open(path) as f:
@@ -228,22 +331,61 @@ def main(argv: list[str] | None = None) -> int:
     from ddpcourse.cli import ArgumentParser
     from ddpcourse.report import format_table
 
-    parser = ArgumentParser(description="Bytes of model state per rank under DDP, ZeRO-1 "
-                                        "(ZeroRedundancyOptimizer) and FSDP2, for a model of "
-                                        "known shape")
-    parser.add_argument("--model", choices=sorted(MODELS), default="7b")
-    parser.add_argument("--world-size", type=int, default=8)
-    parser.add_argument("--optimizer", choices=sorted(OPTIMIZER_BUFFERS), default="adam")
+    parser = ArgumentParser(description="Bytes of model state per rank: for a model of known "
+                                        "shape under torch's DDP, ZeroRedundancyOptimizer and "
+                                        "FSDP2, and for any parameter count under DDP and "
+                                        "ZeRO's three stages, as the ZeRO paper counts")
+    model = parser.add_mutually_exclusive_group()
+    model.add_argument("--model", choices=sorted(MODELS),
+                       help="a decoder's shapes (default 7b): torch's layouts, then ZeRO's")
+    model.add_argument("--params", type=parameter_count, metavar="COUNT",
+                       help="any number of parameters (7.5b, 1.3e9, 350m): ZeRO's stages only")
+    model.add_argument("--zero-paper", action="store_true",
+                       help="the ZeRO paper's Figure 1: --params 7.5b --world-size 64 "
+                            "--precision mixed --optimizer adam (options given change it)")
+    parser.add_argument("--world-size", type=int, help="ranks (default 8)")
+    parser.add_argument("--precision", choices=PRECISIONS,
+                        help="fp32 (default) or mixed: bf16 weights and gradients, fp32 master "
+                             "weights in the optimizer")
+    parser.add_argument("--optimizer", choices=sorted(OPTIMIZER_BUFFERS), help="default adam")
     args = parser.parse_args(argv)
-    if not 1 <= args.world_size <= 4096:
-        parser.error("--world-size must be between 1 and 4096")
-    shapes = MODELS[args.model]()
-    count = sum(math.prod(s) for s in shapes)
-    print(f"{args.model}: {count / 1e9:.2f} B parameters in {len(shapes)} tensors, fp32, "
-          f"{args.optimizer}, {args.world_size} ranks; the most loaded rank holds:")
-    print(format_table(plan_table(shapes, args.world_size, args.optimizer)))
-    print("(between steps; buckets: DDP's copy of the gradients, gone with "
-          "gradient_as_bucket_view=True; activations and FSDP's gathered layers come on top)")
+    defaults = ZERO_PAPER_CASE if args.zero_paper else {"world_size": 8, "precision": "fp32",
+                                                        "optimizer": "adam"}
+    world_size, precision, optimizer = (
+        defaults[key] if getattr(args, key) is None else getattr(args, key)
+        for key in ("world_size", "precision", "optimizer"))
+    shapes = None if args.params or args.zero_paper else MODELS[args.model or "7b"]()
+    limit = 4096 if shapes else 1_000_000  # the layouts' table visits every rank
+    if not 1 <= world_size <= limit:
+        parser.error(f"--world-size must be between 1 and {limit:,}"
+                     + (" with a model's shapes" if shapes else ""))
+
+    if shapes:
+        count = sum(math.prod(s) for s in shapes)
+        print(f"{args.model or '7b'}: {count / 1e9:.2f} B parameters in {len(shapes)} tensors, "
+              f"fp32, {optimizer}, {world_size} ranks; the most loaded rank holds:")
+        print(format_table(plan_table(shapes, world_size, optimizer)))
+        print("(between steps; buckets: DDP's copy of the gradients, gone with "
+              "gradient_as_bucket_view=True; activations and FSDP's gathered layers come on top)")
+        if precision == "mixed":
+            print("(torch's layouts in fp32 all the same: autocast and FSDP2's "
+                  "MixedPrecisionPolicy keep the weights, gradients and state in fp32 between "
+                  "steps and cast copies while computing)")
+        print()
+    else:
+        count = ZERO_PAPER_CASE["num_params"] if args.zero_paper else args.params
+    per_param = bytes_per_parameter(precision, optimizer)
+    terms = " + ".join(str(per_param[t]) for t in ("params", "grads", "optimizer"))
+    kind = ("bf16 weights and gradients; fp32 master weights and state" if precision == "mixed"
+            else "weights, gradients and state")
+    print(f"ZeRO's stages: {count:,} parameters on {world_size} ranks, counted flat (one "
+          f"tensor, shards of ceil(N / W));\n{precision} ({kind}), {optimizer}: {terms} bytes "
+          f"per parameter; each rank holds:")
+    print(format_table(stage_table(count, world_size, precision, optimizer)))
+    if is_zero_paper_case(count, world_size, precision, optimizer):
+        print("paper GB: Rajbhandari et al., ZeRO (SC 2020, arXiv:1910.02054), Figure 1: "
+              "7.5 B parameters, 64 GPUs, K = 12")
+    print("(no DDP buckets, no activations: the paper's count; GB = 10^9 bytes)")
     return 0
 
 

@@ -40,7 +40,8 @@ def ready_made_answers_refused(request, monkeypatch):
     except ImportError:
         return
     exercises = request.getfixturevalue("ex") if "ex" in request.fixturenames else None
-    for name in ("predict", "plan_table", "zero_owners"):
+    for name in ("predict", "plan_table", "zero_owners", "zero_stage_bytes", "stage_table",
+                 "bytes_per_parameter"):
         answer = getattr(sharding, name, None)
         if answer is None:
             continue
