@@ -15,6 +15,7 @@ IMPL    ?= student
 SUBMISSION  ?=
 SUBMISSIONS ?= submissions
 RELEASE ?= build/student-release
+GRADESCOPE ?= build/gradescope
 
 ARGS    ?=
 # Empty: the scripts pick from the hardware (nccl on GPUs, else gloo). gloo: the CPU even on
@@ -25,7 +26,8 @@ OPTS    := --nproc '$(NPROC)' --nnodes '$(NNODES)' --port '$(PORT)' --timeout '$
 # Checks NPROC/NNODES/PORT with the system Python before anything is installed or started.
 CHECK   := $(PYTHON) -m ddpcourse.cluster.launch --check $(OPTS)
 
-.PHONY: help setup bench test test-fast lint grade grade-class notebooks figures student-release clean
+.PHONY: help setup bench test test-fast lint grade grade-class notebooks site site-test figures \
+        student-release gradescope classroom-workflow clean
 
 help: ## list the targets
 	@echo "usage: make TARGET [NPROC=k] [NNODES=n] [BACKEND=gloo|nccl] [ARGS=...] ..."
@@ -33,13 +35,16 @@ help: ## list the targets
 	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 20
 
 # One pip run installs everything, the course's own package included. --no-compile: pip would
-# byte-compile every module of torch (about a minute here); Python compiles the few that
-# are imported, once, on first use. No `pip install --upgrade pip`: the venv's pip suffices.
+# byte-compile every module of torch (about a minute here); ddpcourse.course.bytecode then
+# compiles just the modules the lessons import, so that the first run is as fast as later
+# ones, even where PYTHONDONTWRITEBYTECODE=1 stops Python from writing bytecode as it imports.
+# No `pip install --upgrade pip`: the venv's pip suffices.
 $(VENV)/.installed: requirements.txt
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "error: Python 3.11 or newer is needed")'
 	@echo "setting up $(VENV) from requirements.txt (first time: about 1.5 minutes)"
 	$(PYTHON) -m venv $(VENV)
 	$(VPY) -m pip install -q --no-compile -r requirements.txt -e . 2>&1 | { grep -v 'is ignored' || true; }
+	$(VPY) -m ddpcourse.course.bytecode
 	@touch $@
 
 setup: $(VENV)/.installed ## create .venv from requirements.txt (again only when it changes)
@@ -89,13 +94,40 @@ notebooks: setup ## execute every notebook and render HTML into build/notebooks
 	$(VPY) -m jupyter nbconvert --to html --embed-images --execute --ExecutePreprocessor.timeout=600 \
 		--output-dir build/notebooks notebooks/*.ipynb
 
+# The website's packages (requirements-site.txt) go into .venv only for these two targets.
+$(VENV)/.site-installed: requirements-site.txt $(VENV)/.installed
+	$(VPY) -m pip install -q --no-compile -r requirements-site.txt 2>&1 | { grep -v 'is ignored' || true; }
+	@touch $@
+
+# Executes every notebook from the repository root, as `make notebooks` does, then MkDocs builds
+# the pages (ddpcourse/course/site.py, mkdocs.yml). 8.5 minutes on 2 busy cores, nearly all of
+# it the notebooks (lesson 7's: 3 minutes); the MkDocs build itself takes about 10 s.
+site: setup $(VENV)/.site-installed ## the course as a website in build/site: readings, executed notebooks, appendix
+	$(VPY) -m ddpcourse.course.site
+
+site-test: setup $(VENV)/.site-installed ## read build/site (make site first) in headless Chromium: pages, links, images
+	$(VPY) -m pytest -q tests/site
+
 figures: setup ## regenerate the lesson figures in lessons/*/figures
 	$(VPY) -m ddpcourse.figures
 
+# What git tracks and what it would (new files not yet committed, as the leak check in
+# tests/project/test_one_source_of_truth.py reads them), less solutions/ and the wrong submissions.
 student-release: ## copy the course without solutions/ to RELEASE (default build/student-release)
 	@rm -rf '$(RELEASE)' && mkdir -p '$(RELEASE)'
-	@git ls-files | grep -v -e '^solutions/' -e '^tests/project/wrong_submissions/' | tar -cf - -T - | tar -xf - -C '$(RELEASE)'
+	@git ls-files --cached --others --exclude-standard \
+		| grep -v -e '^solutions/' -e '^tests/project/wrong_submissions/' | tar -cf - -T - | tar -xf - -C '$(RELEASE)'
 	@echo "student copy written to $(RELEASE) (no solutions/); there: make lesson1, make grade"
+
+# Gradescope's zip is the student release plus its setup.sh and run_autograder
+# (ddpcourse/course/gradescope.py says what each does).
+gradescope: ## Gradescope's autograder for [LESSON=n]: build/gradescope/autograder[-lessonN].zip
+	@$(MAKE) --no-print-directory student-release RELEASE='$(GRADESCOPE)/source' >/dev/null
+	@$(PYTHON) -m ddpcourse.course.gradescope build '$(GRADESCOPE)/source' --lesson '$(LESSON)' \
+		--zip '$(GRADESCOPE)/autograder$(if $(LESSON),-lesson$(LESSON)).zip'
+
+classroom-workflow: setup ## rewrite the release's GitHub Classroom workflow from the grader's points
+	$(VPY) -m ddpcourse.course.classroom workflow --out .github/workflows/classroom.yml
 
 clean: ## remove build outputs and runs (keeps .venv)
 	rm -rf build runs .pytest_cache .ruff_cache
