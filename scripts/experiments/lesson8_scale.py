@@ -9,11 +9,13 @@ builds a 7B-shaped decoder (ddpcourse.sharding.transformer_shapes) on the meta d
 holds shapes and no memory; shards it with fully_shard over a mesh of W ranks, one unit per
 block; materialises only its own pieces (to_empty, then initialises them); and takes one
 real Adam step on a few tokens. It counts the bytes it then holds, by storage, beside
-ddpcourse.sharding.predict for rank 0, and the peak of its resident memory during the step.
-The values gathered from the "other ranks" are whatever the buffers held: the arithmetic of
-a step runs, its numbers mean nothing, and only the memory is measured.
+ddpcourse.sharding.predict for rank 0, and the peak of its resident memory during the step;
+torch's FSDP2 memory tracker watches the same step and reports both, by kind of tensor.
+The fake all-gather fills every rank's slot with a copy of rank 0's own piece: the arithmetic
+of a step runs on every byte, its numbers mean nothing, and only the memory is measured.
 """
 
+import contextlib
 import re
 import time
 
@@ -21,6 +23,9 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
+
+# private: torch's memory estimators have no public home yet (torch.distributed._tools)
+from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
@@ -70,7 +75,18 @@ class Decoder(nn.Module):
 def resident_mb(field: str) -> float:
     """VmRSS (now) or VmHWM (the peak so far) of this process, from /proc, in MB."""
     with open("/proc/self/status") as f:
-        return int(re.search(rf"^{field}:\s+(\d+) kB", f.read(), re.M).group(1)) / 1e3
+        kib = int(re.search(rf"^{field}:\s+(\d+) kB", f.read(), re.M).group(1))
+    return kib * 1024 / 1e6  # /proc's "kB" are KiB: 1e9 bytes written read as 977,000 kB
+
+
+# The tracker's names for the kinds of tensor that are a rank's state once a step is over.
+TRACKED_STATE = {"params": "Sharded Param", "grads": "Sharded Grad", "optimizer": "OptState"}
+
+
+def tracker_bytes(tracker: FSDPMemTracker, when: str) -> dict[str, int]:
+    """The tracker's "current" or "peak" snapshot of the CPU: bytes by kind, and "Total"."""
+    snapshot = tracker.get_tracker_snapshot(when).get(torch.device("cpu"), {})
+    return {getattr(kind, "value", kind): n for kind, n in snapshot.items()}  # enum -> name
 
 
 def parse_args():
@@ -78,6 +94,9 @@ def parse_args():
     parser.add_argument("--world-size", type=int, default=1024, help="W: the ranks of the job")
     parser.add_argument("--layers", type=int, default=32, help="decoder blocks (7B: 32)")
     parser.add_argument("--tokens", type=int, default=16, help="tokens in the step's batch")
+    parser.add_argument("--no-tracker", action="store_true",
+                        help="run the step without torch's FSDPMemTracker, to see that it "
+                             "changes neither the bytes nor the peak measured")
     args = parser.parse_args()
     if not 1 <= args.world_size <= 65536 or args.layers < 1 or args.tokens < 1:
         parser.error("--world-size must be 1 to 65536; --layers and --tokens at least 1")
@@ -111,10 +130,14 @@ def main():
 
     tick = time.perf_counter()
     tokens = torch.randint(vocab, (1, args.tokens))
-    logits = model(tokens)
-    loss = F.cross_entropy(logits.view(-1, vocab), tokens.view(-1))
-    loss.backward()  # each block gathered again, its gradients reduce-scattered
-    optimizer.step()
+    # torch's estimate of the same step: a dispatch mode that sees every op and keeps weak
+    # references to every storage, labelled by FSDP's phase when it was made
+    tracker = None if args.no_tracker else FSDPMemTracker(model, optimizer)
+    with contextlib.nullcontext() if tracker is None else tracker:
+        logits = model(tokens)
+        loss = F.cross_entropy(logits.view(-1, vocab), tokens.view(-1))
+        loss.backward()  # each block gathered again, its gradients reduce-scattered
+        optimizer.step()
     step_s = time.perf_counter() - tick
     peak = resident_mb("VmHWM") - before
 
@@ -124,17 +147,31 @@ def main():
     rows = [{"part": part, "held MB": f"{held[part] / 1e6:.1f}",
              "predicted MB": f"{predicted[part] / 1e6:.1f}"}
             for part in ("params", "grads", "optimizer", "total")]
+    if tracker is not None:
+        now = tracker_bytes(tracker, "current")
+        state = {part: now.get(kind, 0) for part, kind in TRACKED_STATE.items()}
+        state["total"] = sum(state.values())
+        for row in rows:
+            row["tracker MB"] = f"{state[row['part']] / 1e6:.1f}"
     worst = max(abs(held[k] - predicted[k]) / max(predicted[k], 1) for k in held)
     print(f"rank 0 of {args.world_size}: {count / 1e9:.2f} B parameters ({args.layers} blocks of "
           f"width {width}), fp32, Adam; one step on {args.tokens} tokens in {step_s:.1f} s")
     print(format_table(rows))
+    tracked = {}
+    if tracker is not None:
+        at_peak = tracker_bytes(tracker, "peak")
+        print("\nthe step's peak as FSDPMemTracker saw it (storages alive at its largest moment):")
+        print(format_table([{"kind": kind, "MB": f"{n / 1e6:.1f}"}
+                            for kind, n in at_peak.items() if n >= 50_000]))
+        tracked = {"tracker_gb": round(state["total"] / GB, 4),
+                   "tracker_peak_gb": round(at_peak["Total"] / GB, 2)}
     print(f"peak resident memory during the step, above the model-less process: {peak:.0f} MB "
           f"(the state above, the gathered unit being run, its gradients, activations, and "
           f"the allocator's spare)")
     print(summary_line(world_size=args.world_size, params_b=round(count / 1e9, 2),
                        measured_gb=round(held["total"] / GB, 4),
                        predicted_gb=round(predicted["total"] / GB, 4),
-                       worst_diff=f"{worst:.1e}", peak_gb=round(peak / 1e3, 2),
+                       worst_diff=f"{worst:.1e}", peak_gb=round(peak / 1e3, 2), **tracked,
                        wall_s=round(time.perf_counter() - started, 1)))
     dist.destroy_process_group()
 

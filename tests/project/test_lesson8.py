@@ -2,12 +2,14 @@
 bytes agree with ddpcourse.sharding's prediction at W = 1, 2 and 3; an FSDP checkpoint saved
 sharded at W = 2 loads at W = 3, and in one process, to the same weights; a pipeline over two
 processes matches the unsplit model, with a bubble near (S-1)/(M+S-1); DTensor's column and
-row splits equal the dense layers, with the collectives that join them.
+row splits equal the dense layers, with the collectives that join them. The calculator counts
+as the ZeRO paper does, beside its Figure 1; a step on 1,024 GPUs is predicted by the cost model.
 
 Each job is launched once (module-scoped fixtures) and checked many ways. The W = 2 memory,
 pipeline and tensor-parallel jobs are the notebook's too (the job cache runs each once).
 """
 
+import argparse
 import math
 import re
 
@@ -15,7 +17,15 @@ import pytest
 from util import PYTHON, ROOT, run
 
 from ddpcourse.cluster.launch import launch
-from ddpcourse.sharding import fingerprint, fsdp_rows, predict, transformer_shapes, zero_owners
+from ddpcourse.sharding import (
+    fingerprint,
+    fsdp_rows,
+    parameter_count,
+    predict,
+    transformer_shapes,
+    zero_owners,
+    zero_stage_bytes,
+)
 
 MARGIN = 0.001  # lesson8_memory.py's stated margin: 0.1 % of a rank's total
 MICRO, STAGES, WIDTH = 4, 2, 768  # the pipeline job's micro-batches, stages and block width
@@ -79,6 +89,73 @@ def test_the_calculator_prints_the_table_and_refuses_a_bad_world_size():
     assert rows["ddp"]["total GB"] == "134.77" and rows["fsdp"]["total GB"] == "13.48"
     bad = run([PYTHON, "-m", "ddpcourse.sharding", "--world-size", "0"], timeout=60)
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+
+
+def gb_text(n_bytes: float) -> str:
+    """GB as the calculator prints them: one decimal, or three digits below 1 GB."""
+    return f"{n_bytes / 1e9:,.1f}" if n_bytes >= 1e9 else f"{n_bytes / 1e9:.3g}"
+
+
+def zero_paper_totals(n: int, world: int) -> dict[str, float]:
+    """The ZeRO paper's stages, mixed precision with Adam: 2 + 2 + 12 bytes per parameter,
+    each stage sharding one more term over `world` ranks (shards of ceil(n / world))."""
+    shard = -(-n // world)
+    return {"DDP": 16 * n, "ZeRO-1": 4 * n + 12 * shard, "ZeRO-2": 2 * n + 14 * shard,
+            "ZeRO-3": 16 * shard}
+
+
+def test_a_parameter_count_is_read_exactly_or_refused():
+    assert parameter_count("7.5b") == parameter_count("7.5e9") == 7_500_000_000
+    assert parameter_count("1.3e9") == 1_300_000_000 and parameter_count("350m") == 350_000_000
+    assert parameter_count("6,738,415,616") == 6_738_415_616 and parameter_count("1") == 1
+    for bad in ("0", "-5", "abc", "1.5", "7.5x", ""):
+        with pytest.raises(argparse.ArgumentTypeError):
+            parameter_count(bad)
+
+
+def test_a_zero_shard_is_the_fullest_ranks_share():
+    # 10 parameters over 4 ranks: 3 each (padded); 3 over 8: 1 each; fp32 Adam, 4 + 4 + 8
+    assert zero_stage_bytes(10, 4, "zero3") == {"params": 12, "grads": 12, "optimizer": 24,
+                                                "total": 48}
+    assert zero_stage_bytes(3, 8, "zero2", "mixed") == {"params": 6, "grads": 2,
+                                                        "optimizer": 12, "total": 20}
+    assert zero_stage_bytes(10, 4, "ddp", optimizer="sgd")["total"] == 80
+
+
+@pytest.mark.parametrize("args", [["--zero-paper"],
+                                  ["--params", "7.5b", "--world-size", "64", "--precision",
+                                   "mixed"]])
+def test_the_calculator_reproduces_the_zero_papers_figure_1(args):
+    """7.5 B parameters on 64 GPUs, mixed precision, Adam: 120, 31.4, 16.6 and 1.9 GB, the
+    calculator's own arithmetic beside the paper's printed figures."""
+    result = run([PYTHON, "-m", "ddpcourse.sharding", *args], timeout=60)
+    assert result.returncode == 0, result.stderr
+    rows = {row["stage"]: row for row in table(result.stdout)}
+    expected = zero_paper_totals(7_500_000_000, 64)
+    assert [gb_text(expected[s]) for s in rows] == ["120.0", "31.4", "16.6", "1.9"]
+    for stage, row in rows.items():
+        assert row["total GB"] == gb_text(expected[stage]) == row["paper GB"], row
+        parts = sum(float(row[f"{p} GB"].replace(",", "")) for p in ("params", "grads",
+                                                                     "optimizer"))
+        assert parts == pytest.approx(expected[stage] / 1e9, abs=0.15)  # the terms add up
+    assert rows["ZeRO-3"]["params GB"] == gb_text(2 * 117_187_500)  # 7.5 B / 64 in bf16
+
+
+def test_another_case_gets_no_paper_column_and_its_own_arithmetic():
+    result = run([PYTHON, "-m", "ddpcourse.sharding", "--params", "7.5b", "--world-size", "48",
+                  "--precision", "mixed"], timeout=60)
+    assert result.returncode == 0, result.stderr
+    rows = {row["stage"]: row for row in table(result.stdout)}
+    expected = zero_paper_totals(7_500_000_000, 48)
+    assert "paper GB" not in result.stdout
+    assert {s: r["total GB"] for s, r in rows.items()} == {s: gb_text(b)
+                                                           for s, b in expected.items()}
+    fp32 = run([PYTHON, "-m", "ddpcourse.sharding", "--params", "350m", "--world-size", "1024",
+                "--optimizer", "sgd_momentum"], timeout=60)
+    rows = {row["stage"]: row for row in table(fp32.stdout)}
+    shard = -(-350_000_000 // 1024)  # 4 + 4 + 4 bytes: weights, gradients, the momentum
+    assert rows["ZeRO-1"]["total GB"] == gb_text(8 * 350_000_000 + 4 * shard)
+    assert rows["ZeRO-3"]["total GB"] == gb_text(12 * shard)
 
 
 # --- memory and equivalence: DDP, ZeRO-1, FSDP2 ----------------------------------------------
@@ -340,6 +417,76 @@ def test_rank_0_of_1024_holds_its_predicted_shard_of_a_7b_shaped_model():
     assert abs(measured - predicted) < 1e-4
     rows = {row["part"]: row for row in table(result.stdout)}
     assert rows["params"]["held MB"] == rows["params"]["predicted MB"], rows
+    # torch's FSDPMemTracker watched the same step: the same storages, so the same bytes
+    assert all(row["tracker MB"] == row["held MB"] for row in rows.values()), rows
+    assert facts["tracker_gb"] == facts["measured_gb"], facts
+    # Its peak (forward, one block) holds every parameter gathered twice: the root unit's
+    # parameters and its all-gather buffer, kept until the block's copy-out, and the block's
+    # buffer and parameters, in the middle of that copy. Each piece is padded to ceil(rows / W).
+    gathered = sum(1024 * fsdp_rows(shape[0], 1024, 0)[1] * math.prod(shape[1:]) * 4
+                   for shape in transformer_shapes(1))
+    tracker_peak, resident_peak = float(facts["tracker_peak_gb"]), float(facts["peak_gb"])
+    assert tracker_peak >= round(2 * gathered / 1e9, 2), (facts, gathered)
+    # ... and the process's resident peak agrees (/proc's kB read as 1,000 bytes: 2.4 % less)
+    assert abs(tracker_peak - resident_peak) <= 0.015 * resident_peak, facts
+
+
+def hierarchical_ring(n_bytes: float, per_node: int, nodes: int, passes: int,
+                      messages: int, node_link: tuple[float, float],
+                      net_link: tuple[float, float]) -> float:
+    """Lesson 5's all-reduce (passes=2) or all-gather (passes=1) of n bytes: a ring inside
+    each node, G-1 steps of n/G bytes, then rings across nodes, N-1 steps of n/(G N) bytes on
+    each GPU's own card; every step pays alpha once per message. Links: (alpha, bytes/s)."""
+    (node_alpha, node_rate), (net_alpha, net_rate) = node_link, net_link
+    inside = (per_node - 1) * (messages * node_alpha + n_bytes / per_node / node_rate)
+    across = (nodes - 1) * (messages * net_alpha + n_bytes / (per_node * nodes) / net_rate)
+    return passes * (inside + across)
+
+
+def test_a_step_on_1024_gpus_is_compute_plus_what_the_links_cannot_hide():
+    result = run([PYTHON, "scripts/experiments/lesson8_layouts.py"], timeout=60)
+    assert result.returncode == 0, result.stderr
+    rows = {row["layout"]: row for row in table(result.stdout)}
+    seconds = {name: {k: float(v.replace(",", "")) for k, v in row.items() if k.endswith(" s")
+                      or k.endswith("links")} for name, row in rows.items()}
+    n = sum(math.prod(shape) for shape in transformer_shapes())
+    tokens, world = 4 * 2**20, 1024
+    compute = 6 * n * tokens / world / (989e12 * 0.4)  # published peak x assumed utilisation
+    nvlink, infiniband = (2e-6, 450e9), (5e-6, 50e9)  # published rates, assumed alphas
+    for name, t in seconds.items():
+        assert t["compute s"] == pytest.approx(compute, abs=6e-4), name
+        assert t["step s"] == pytest.approx(t["compute s"] + t["exposed s"] + t["bubble s"],
+                                            abs=2e-3), name
+    # DDP: the bf16 gradients all-reduced, 8 GPUs a node, 128 nodes, a message per block + 1
+    ddp = hierarchical_ring(2 * n, 8, 128, 2, 33, nvlink, infiniband)
+    assert seconds["DDP 1024"]["comm s"] == pytest.approx(ddp, abs=6e-4)
+    # FSDP: all-gather in forward and in backward, reduce-scatter: three halves of that
+    assert seconds["FSDP 1024"]["comm s"] == pytest.approx(1.5 * ddp, abs=6e-4)
+    # TP 8: four all-reduces of one sequence's 4096 x 4096 bf16 activations per block, for
+    # the 8 sequences of a replica, inside a node and waited for; the gradients' hide
+    tensor = 4 * 32 * 8 * hierarchical_ring(4096 * 4096 * 2, 8, 1, 2, 1, nvlink, infiniband)
+    assert seconds["TP 8 x DDP 128"]["exposed s"] == pytest.approx(tensor, abs=6e-4)
+    # PP 8: a replica's 8 sequences are its micro-batches; the bubble is (S-1)/(M+S-1) of it
+    pipeline = seconds["PP 8 x DDP 128"]
+    assert (rows["PP 8 x DDP 128"]["S"], rows["PP 8 x DDP 128"]["M"]) == ("8", "8")
+    assert pipeline["bubble s"] / (compute + pipeline["bubble s"]) == pytest.approx(7 / 15,
+                                                                                  abs=2e-3)
+    # memory: 16 bytes per parameter (mixed precision, Adam), over the ranks that shard it
+    assert [rows[name]["GB/GPU"] for name in ("DDP 1024", "FSDP 1024", "HSDP 8 x 128")] == [
+        gb_text(16 * n), gb_text(16 * -(-n // 1024)), gb_text(16 * -(-n // 8))]
+    assert rows["DDP 1024"]["fits 80 GB"] == "no" and rows["HSDP 8 x 128"]["fits 80 GB"] == "yes"
+    # the same all-reduce at gloo's loopback alpha and beta, solved from lesson 4's table
+    beta = (0.491 - 5.8e-3) / (1.5 * ((256 << 20) - 1024))
+    alpha = (5.8e-3 - 1.5 * 1024 * beta) / 6
+    loopback = hierarchical_ring(2 * n, 8, 128, 2, 33, (alpha, 1 / beta), (alpha, 1 / beta))
+    assert seconds["DDP 1024"]["comm s, gloo links"] == pytest.approx(loopback, abs=0.06)
+    # the best: the fastest that fits, ties to the one that sends less
+    fitting = [name for name in rows if rows[name]["fits 80 GB"] == "yes"]
+    best = min(fitting, key=lambda name: (seconds[name]["step s"], seconds[name]["comm s"]))
+    facts = summary(result.stdout)
+    assert facts["world_size"] == "1024" and facts["layouts"] == str(len(rows)) == "7"
+    assert facts["best"] == best.replace(" x ", "x").replace(" ", "_") == "HSDP_8x128"
+    assert facts["step_s"] == rows[best]["step s"] and "measured_gb" not in facts
 
 
 @pytest.mark.slow
@@ -375,6 +522,14 @@ def test_activations_grow_with_every_token_and_checkpointing_keeps_a_fraction():
     (["scripts/experiments/lesson8_tensor_parallel.py", "--hidden", "0"], "must be at least 1"),
     (["scripts/experiments/lesson8_scale.py", "--world-size", "0"], "--world-size must be 1 to"),
     (["scripts/experiments/lesson8_activations.py", "--batches", "two"], "--batches and --lengths"),
+    (["-m", "ddpcourse.sharding", "--params", "abc"], "'abc' is not a parameter count"),
+    (["-m", "ddpcourse.sharding", "--params", "0"], "a model has 1 to 10^15 parameters"),
+    (["-m", "ddpcourse.sharding", "--params=-5"], "a model has 1 to 10^15 parameters"),
+    (["-m", "ddpcourse.sharding", "--params", "7.5b", "--world-size", "0"],
+     "--world-size must be between 1 and"),
+    (["-m", "ddpcourse.sharding", "--zero-paper", "--model", "7b"], "not allowed with"),
+    (["scripts/experiments/lesson8_layouts.py", "--world-size", "100"],
+     "--world-size must be a multiple of 8"),
 ])
 def test_bad_arguments_are_one_line(args, message):
     result = run([PYTHON, *args], timeout=60)
