@@ -258,20 +258,32 @@ def run_commands(
     envs: list[dict] | None = None,
     cwd: str | None = None,
     capture: bool = False,
+    progress: tuple[str, float] | None = None,
 ) -> subprocess.CompletedProcess:
     """Run the node agents together; kill them all if one fails or the time runs out.
 
     Each agent starts in a session of its own, so stopping one never touches this process.
     Returns a CompletedProcess whose returncode is the first non-zero one (124 on timeout),
     with the output of all agents collected in stdout/stderr when capture=True.
+    progress=(prefix, seconds) also stops the job (124) when that long passes without a
+    captured stdout line that starts with prefix: a job that grades many submissions in turn
+    gives each one the time a job of its own would have, and a hang no more than that.
     """
     filtered = os.environ.get("COURSE_RAW_TORCHRUN", "") in ("", "0")
     procs, pumps, stopping = [], [], []
     captured: dict[str, list[str]] = {"out": [], "err": []}
 
+    last_progress = time.monotonic()
+
+    def note_progress(text: str) -> None:
+        nonlocal last_progress
+        captured["out"].append(text)
+        if text.startswith(progress[0]):
+            last_progress = time.monotonic()
+
     def sink(name: str, stream):
         if capture:
-            return captured[name].append
+            return note_progress if name == "out" and progress else captured[name].append
         return lambda text: (stream.write(text), stream.flush())
 
     for i, cmd in enumerate(commands):
@@ -294,7 +306,8 @@ def run_commands(
     pending = list(procs)
     try:
         while pending:
-            if time.monotonic() > deadline:
+            if time.monotonic() > deadline or (
+                    progress and time.monotonic() - last_progress > progress[1]):
                 returncode = 124
                 break
             for p in list(pending):
@@ -335,6 +348,7 @@ def launch(
     backend: str = "",
     rdzv: str = "static",
     torchrun_args: list[str] | None = None,
+    progress: tuple[str, float] | None = None,
 ) -> subprocess.CompletedProcess:
     """Check, print and run a torchrun job on this machine. Used by make and by the tests.
 
@@ -342,6 +356,8 @@ def launch(
     hides the GPUs, so they run on the CPU; "nccl" insists on GPUs.
     rdzv: "static" (--node-rank per node) or "c10d" (the agents meet at a rendezvous).
     torchrun_args: more torchrun options, e.g. ["--max-restarts=3"].
+    progress: (prefix, seconds) with capture=True: stop the job when it prints no stdout line
+    starting with prefix for that long (see run_commands).
     """
     env = dict(os.environ if env is None else env)
     check_backend(backend, env)
@@ -377,9 +393,14 @@ def launch(
         for cmd, node in zip(commands, node_settings, strict=True):
             prefix = "".join(f"{k}={v} " for k, v in node.items())
             print("$ " + prefix + " ".join(cmd), flush=True)
-    result = run_commands(commands, timeout=timeout, envs=envs, cwd=cwd, capture=capture)
+    result = run_commands(commands, timeout=timeout, envs=envs, cwd=cwd, capture=capture,
+                          progress=progress if capture else None)
     if result.returncode == 124:
         message = f"error: the job did not finish within {timeout:g} s and was stopped"
+        if progress and capture:
+            message = (f"error: the job printed no {progress[0].strip()!r} line for "
+                       f"{progress[1]:g} s, or did not finish within {timeout:g} s, and was "
+                       "stopped")
         print(message, file=sys.stderr, flush=True)
         if capture:
             result.stderr += message + "\n"

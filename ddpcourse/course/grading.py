@@ -8,6 +8,11 @@ Commands (the Makefile's `grade` and `grade-class` call these):
     python -m ddpcourse.course.grading grade [--lesson N] [--impl student|solutions]
                                              [--submission DIR]
     python -m ddpcourse.course.grading class SUBMISSIONS_DIR [--lesson N] [--csv grades.csv]
+                                             [--workers K]
+
+A class is graded a lesson at a time: each of the lesson's torchrun jobs is launched once for
+every submission (ddpcourse/course/batched_jobs.py), then each student's grading tests run
+on the student's share of those jobs, K students at a time.
 """
 
 from __future__ import annotations
@@ -18,12 +23,17 @@ import itertools
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import xml.etree.ElementTree as ET
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from ddpcourse.course.batched_jobs import launch_jobs_for_all
+from ddpcourse.course.lessons import exercise_markers
 from ddpcourse.exercises import IMPLS, ROOT
 
 GRADING_TESTS = ROOT / "tests" / "grading"
@@ -141,8 +151,11 @@ def grading_targets(lesson: int | None) -> list[str]:
 
 def run_grading(lesson: int | None, out_dir: Path, impl: str = "student",
                 submission: str | None = None, timeout: float = 900,
-                quiet: bool = False) -> dict[str, dict]:
+                quiet: bool = False, replay: Path | None = None) -> dict[str, dict]:
     """Run the grading tests in a child pytest; returns the per-test records.
+
+    replay: a folder of the jobs' results (COURSE_GRADING_JOBS, see tests/grading/jobs.py):
+    the tests read them instead of launching the jobs (grading a class).
 
     If the child dies (a submission that calls os._exit, say), the test that was running
     scores zero and grading resumes after it, so one bad exercise never costs the others.
@@ -160,6 +173,9 @@ def run_grading(lesson: int | None, out_dir: Path, impl: str = "student",
     env.pop("COURSE_SUBMISSION", None)
     if submission:
         env["COURSE_SUBMISSION"] = str(Path(submission).resolve())
+    if replay:
+        env["COURSE_GRADING_JOBS"] = str(replay)
+    who = f" {Path(submission).name}" if submission else ""
     tests: dict[str, dict] = {}
     deselect: list[str] = []
     junit_parts: list[Path] = []
@@ -185,12 +201,12 @@ def run_grading(lesson: int | None, out_dir: Path, impl: str = "student",
             break
         crashed = data["running"]
         tests[crashed]["outcome"] = "crashed"
-        print(f"grading: {crashed} killed the grading process; it scores zero, "
+        print(f"grading{who}: {crashed} killed the grading process; it scores zero, "
               "grading goes on", file=sys.stderr)
         lesson_file = crashed.split("::")[0]
         problem = import_problem(lesson_file, env)
         if problem:  # every test of that lesson would die the same way: one check, not N
-            print(f"grading: {problem}; every test of {lesson_file} scores zero",
+            print(f"grading{who}: {problem}; every test of {lesson_file} scores zero",
                   file=sys.stderr)
             for nodeid, test in tests.items():
                 if nodeid.startswith(lesson_file + "::") and test["outcome"] == "not run":
@@ -285,6 +301,39 @@ def cmd_grade(args) -> int:
     return 0
 
 
+def graded_lessons() -> list[int]:
+    return sorted(int(m.group(1)) for path in GRADING_TESTS.glob("test_lesson*.py")
+                  if (m := re.fullmatch(r"test_lesson(\d+)\.py", path.name)))
+
+
+def grade_lesson_of_class(lesson: int, students: list[Path], out: Path, timeout: float,
+                          workers: int) -> dict[Path, tuple[dict[str, dict], str]]:
+    """{student: (per-test records, why it is not graded or "")} for one lesson: its jobs
+    launched once for the whole class, then every student's grading tests on their share,
+    `workers` students at a time. Results and JUnit go to out/<student>/lesson<N>/, the
+    student's share of each job to its jobs/ folder there."""
+    where = {student: out / student.name / f"lesson{lesson}" for student in students}
+    for folder in where.values():
+        shutil.rmtree(folder / "jobs", ignore_errors=True)  # no share from an earlier run
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix=f"grade-class-lesson{lesson}-") as work:
+        not_graded = launch_jobs_for_all(
+            lesson, {student: where[student] / "jobs" for student in students}, Path(work),
+            say=lambda line: print(f"  {line}", file=sys.stderr, flush=True))
+    print(f"lesson {lesson}: its jobs for {len(students)} submissions in "
+          f"{time.perf_counter() - started:.0f} s", flush=True)
+
+    def grade(student: Path) -> tuple[dict[str, dict], str]:
+        if student in not_graded:
+            return {}, not_graded[student]
+        tests = run_grading(lesson, where[student], submission=str(student), timeout=timeout,
+                            quiet=True, replay=where[student] / "jobs")
+        return tests, "" if tests else "its grading tests did not run"
+
+    with ThreadPoolExecutor(workers) as pool:  # each mostly imports torch: one per core
+        return dict(zip(students, pool.map(grade, students), strict=True))
+
+
 def cmd_class(args) -> int:
     base = Path(args.submissions)
     if not base.is_dir():
@@ -294,27 +343,46 @@ def cmd_class(args) -> int:
     if not students:
         print(f"error: {base} holds no submission folders", file=sys.stderr)
         return 2
+    lessons = [args.lesson] if args.lesson else graded_lessons()
+    grading_targets(args.lesson)  # a lesson without grading tests: one line, before any work
     out = Path(args.out)
-    rows, exercises = [], []
-    for student in students:
+    scores = {student: {} for student in students}   # exercise -> earned, graded lessons only
+    why_not = {student: [] for student in students}  # "lesson N: why", lessons not graded
+    class_started = time.perf_counter()
+    for lesson in lessons:
         started = time.perf_counter()
-        tests = run_grading(args.lesson, out / student.name, submission=str(student),
-                            timeout=args.timeout, quiet=True)
-        scores = summarise(tests)
-        for name in scores:
-            if name not in exercises:
-                exercises.append(name)
-        total = sum(s["earned"] for s in scores.values())
-        rows.append((student.name, scores, total))
-        print(f"{student.name}: {total:g} points ({time.perf_counter() - started:.0f} s)")
+        for student, (tests, why) in grade_lesson_of_class(
+                lesson, students, out, args.timeout, args.workers).items():
+            if why:
+                why_not[student].append(f"lesson {lesson}: {why}")
+                print(f"{student.name}: lesson {lesson} not graded: {why}")
+                continue
+            lesson_scores = summarise(tests)
+            scores[student].update({e: s["earned"] for e, s in lesson_scores.items()})
+            print(f"{student.name}: lesson {lesson}: "
+                  f"{sum(s['earned'] for s in lesson_scores.values()):g} of "
+                  f"{sum(s['possible'] for s in lesson_scores.values()):g} points")
+        elapsed = time.perf_counter() - started
+        print(f"lesson {lesson}: {len(students)} submissions in {elapsed:.0f} s "
+              f"({elapsed / len(students):.1f} s each)", flush=True)
+    elapsed = time.perf_counter() - class_started
+    print(f"{len(students)} submissions, {len(lessons)} lesson{'s' * (len(lessons) > 1)}, in "
+          f"{elapsed:.0f} s ({elapsed / len(students) / len(lessons):.1f} s per submission "
+          "per lesson)")
+    exercises = [m for m in exercise_markers()
+                 if int(re.match(r"l(\d+)_", m).group(1)) in lessons]
     csv_path = Path(args.csv)
     csv_path.parent.mkdir(parents=True, exist_ok=True)
     with csv_path.open("w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow(["student", *exercises, "total"])
-        for name, scores, total in rows:
-            writer.writerow([name, *(f"{scores.get(e, {}).get('earned', 0):g}"
-                                     for e in exercises), f"{total:g}"])
+        writer.writerow(["student", *exercises, "total", "status"])
+        for student in students:  # a lesson not graded leaves its cells and the total empty
+            earned = scores[student]
+            total = "" if why_not[student] else f"{sum(earned.values()):g}"
+            status = "not graded: " + "; ".join(why_not[student]) if why_not[student] \
+                else "graded"
+            writer.writerow([student.name, *(f"{earned[e]:g}" if e in earned else ""
+                                             for e in exercises), total, status])
     print(f"class results: {csv_path}")
     return 0
 
@@ -331,6 +399,9 @@ def main(argv: list[str] | None = None) -> int:
     klass.add_argument("submissions")
     klass.add_argument("--csv", default="build/grades/class.csv")
     klass.add_argument("--out", default="build/grades/class")
+    klass.add_argument("--workers", type=int, default=min(8, os.cpu_count() or 1),
+                       help="students whose grading tests run at once (default: the cores, "
+                            "at most 8)")
     klass.set_defaults(func=cmd_class)
     for p in (grade, klass):
         p.add_argument("--lesson", type=lesson_number, default=None)

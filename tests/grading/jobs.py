@@ -4,10 +4,10 @@ A grading worker checks every exercise of its lesson in one job and prints one l
 check; the tests share the job and each asserts its own lines.
 
 COURSE_GRADING_JOBS=DIR replays instead of launching: the job's result is read from
-DIR/<name>.json ({"returncode", "stdout", "stderr"}). The project's own tests use it to
-grade many wrong submissions with one launch per world size (the workers take
+DIR/<name>.json ({"returncode", "stdout", "stderr"}). `make grade-class` and the project's
+own tests use it to grade many submissions with one launch per job (the workers take
 --submissions A,B,...), then score each submission with the real grading tests
-(tests/project/test_grader_catches_mistakes.py).
+(ddpcourse/course/batched_jobs.py).
 """
 
 import json

@@ -10,13 +10,11 @@ its full marks: so a mistake costs its own exercise only.
 To stay fast, each grading worker is launched once per world size for all the folders of a
 lesson (--submissions A,B,...), and then the real grading tests score each folder from its
 share of those jobs (COURSE_GRADING_JOBS: see tests/grading/jobs.py) instead of launching
-their own.
+their own: ddpcourse/course/batched_jobs.py, which `make grade-class` uses too.
 """
 
-import importlib.util
 import json
 import re
-import sys
 import threading
 import warnings
 from concurrent.futures import ThreadPoolExecutor
@@ -25,7 +23,7 @@ from datetime import timedelta
 import pytest
 from util import PYTHON, ROOT, run
 
-from ddpcourse.cluster.launch import launch
+from ddpcourse.course.batched_jobs import grading_module, launch_jobs_for_all
 from ddpcourse.course.grading import summarise
 from ddpcourse.course.lessons import exercise_markers
 
@@ -34,14 +32,6 @@ pytestmark = pytest.mark.skipif(not (ROOT / "solutions").is_dir(),
 
 WRONG = ROOT / "tests" / "project" / "wrong_submissions"
 HEADER = re.compile(r'^"""(l\d+_\w+): (\d+) of (\d+)\.')
-def load_grading_module(relative):
-    path = ROOT / "tests" / "grading" / relative
-    if str(path.parent) not in sys.path:  # the grading modules import their jobs.py
-        sys.path.insert(0, str(path.parent))
-    spec = importlib.util.spec_from_file_location(f"grading_{path.stem}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def mistakes(lesson):
@@ -70,29 +60,6 @@ def build_folders(lesson, base):
         folders.append((folder, {ex: (earned, possible, path.name)
                                  for ex, (path, earned, possible) in chosen.items()}))
     return folders
-
-
-def launch_jobs_for_all(lesson, folders, base):
-    """Every job of the lesson once, grading all folders; each folder's share of each job is
-    written where COURSE_GRADING_JOBS will look for it."""
-    names = ",".join(str(folder) for folder, _ in folders)
-    grading = load_grading_module(f"test_lesson{lesson}.py")
-    for job in grading.JOBS.values():
-        name, args, options = job.name, ["--submissions", names], {}
-        if job.restarts:  # killed and restarted once per submission, in a folder of its own
-            args += ["--work", str(base / f"work_{name}")]
-            options = load_grading_module("jobs.py").restartable(2 * len(folders) + 1)
-        result = launch(f"tests/grading/workers/{job.worker}", args, nproc=job.nproc,
-                        nnodes=job.nnodes, timeout=200, capture=True, echo=False,
-                        cwd=str(ROOT), **options)
-        assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
-        blocks = re.split(r"^### submission (.+)$", result.stdout, flags=re.M)
-        shares = dict(zip(blocks[1::2], blocks[2::2], strict=True))
-        for folder, _ in folders:
-            jobs = base / "jobs" / folder.name
-            jobs.mkdir(parents=True, exist_ok=True)
-            (jobs / f"{name}.json").write_text(json.dumps(
-                {"returncode": 0, "stdout": shares[str(folder)], "stderr": ""}))
 
 
 def grade(lesson, folder, base):
@@ -127,7 +94,11 @@ def test_every_graded_exercise_has_wrong_submissions_that_cost_points():
 @pytest.mark.parametrize("lesson", LESSONS)
 def test_each_mistake_costs_its_own_exercise_what_it_is_worth(tmp_path, lesson):
     folders = build_folders(lesson, tmp_path)
-    launch_jobs_for_all(lesson, folders, tmp_path)
+    relaunches = []  # a folder whose code stops a job is graded alone: right, but slower
+    not_graded = launch_jobs_for_all(
+        lesson, {folder: tmp_path / "jobs" / folder.name for folder, _ in folders},
+        tmp_path / "work", say=relaunches.append)
+    assert not not_graded, (not_graded, relaunches)
     with ThreadPoolExecutor(2) as pool:  # the grading runs mostly import torch: two at once
         graded = list(pool.map(lambda f: grade(lesson, f[0], tmp_path), folders))
     problems = []
@@ -145,7 +116,7 @@ def test_each_mistake_costs_its_own_exercise_what_it_is_worth(tmp_path, lesson):
                                 f": {exercise}, left alone, scored {earned:g} of {possible:g}")
         if len(problems) > before:
             problems.append(f"grading of {folder.name}:\n{report[-2500:]}")
-    assert not problems, "\n".join(problems)
+    assert not problems, "\n".join(problems + relaunches)
     # Every exercise of the lesson has mistakes on file, and at least one that costs points.
     exercises = set(graded[0][0])
     by_exercise = mistakes(lesson)
@@ -154,7 +125,7 @@ def test_each_mistake_costs_its_own_exercise_what_it_is_worth(tmp_path, lesson):
 
 
 def load_traffic():
-    return load_grading_module("workers/traffic.py")
+    return grading_module("workers/traffic.py")
 
 
 @pytest.mark.slow

@@ -105,6 +105,29 @@ def test_a_hanging_job_is_stopped_at_its_time_limit(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_job_is_stopped_when_its_progress_lines_stop(tmp_path):
+    """progress=(prefix, s): a job that grades many submissions in turn runs as long as each
+    comes within s seconds of the last (ddpcourse/course/batched_jobs.py); other output does
+    not count."""
+    script = tmp_path / "stalls.py"
+    script.write_text("import time\n"
+                      "for i in range(4):\n"
+                      "    print(f'### step {i}', flush=True)\n"
+                      "    time.sleep(1.5)\n"
+                      "while True:\n"
+                      "    print('not progress', flush=True)\n"
+                      "    time.sleep(0.5)\n")
+    started = time.monotonic()
+    result = launch(str(script), nproc=1, timeout=60, capture=True, echo=False,
+                    progress=("### ", 4))
+    assert result.returncode == 124
+    assert "printed no '###' line for 4 s" in result.stderr
+    # the last step came after more than 4 s, and the job was stopped well before 60 s
+    assert result.stdout.count("### step") == 4 and "not progress" in result.stdout
+    assert time.monotonic() - started < 30
+
+
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_two_lesson1_jobs_at_once_odd_world_and_two_simulated_nodes():
     """NPROC=3 on one node and NNODES=2 NPROC=2 run side by side without port clashes."""

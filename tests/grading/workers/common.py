@@ -61,11 +61,26 @@ def submissions_to_grade(arg: str) -> list[str | None]:
     return [s for s in arg.split(",") if s] or [None]
 
 
-def select_submission(submission: str | None) -> None:
+def announce(kind: str, submission: str | None) -> None:
+    """`### <kind> <folder>` from rank 0, before any of the submission's code runs: when a job
+    that grades many stops, the last announcement names the submission that stopped it
+    (ddpcourse/course/batched_jobs.py); `### submission` also opens the folder's report."""
+    if submission and RANK == 0:
+        print(f"### {kind} {submission}", flush=True)
+
+
+def select_submission(submission: str | None, store=None, tag: str = "") -> None:
+    """Grade `submission` from now on, announced. With the launcher's store, every rank first
+    answers a roll call: a rank that the previous submission's code ended (even os._exit(0))
+    or left stuck stops the job here, before the next submission is announced, instead of
+    failing the checks of every submission after it."""
     if submission:
+        if store is not None:
+            keys = [f"present/{tag}/{r}" for r in range(WORLD)]
+            store.set(keys[RANK], "1")
+            store.wait(keys, VERDICT_WAIT)  # raises on a missing rank: the job stops
         os.environ["COURSE_SUBMISSION"] = submission
-        if RANK == 0:
-            print(f"### submission {submission}", flush=True)
+        announce("submission", submission)
 
 
 def grade_each_submission(run_checks, description: str) -> None:
@@ -76,7 +91,7 @@ def grade_each_submission(run_checks, description: str) -> None:
     args = parser.parse_args()
     store = launcher_store()
     for i, submission in enumerate(submissions_to_grade(args.submissions)):
-        select_submission(submission)
+        select_submission(submission, store, tag=str(i))
         lines = run_checks(store, tag=str(i))
         if RANK == 0:
             print("\n".join(lines), flush=True)

@@ -398,7 +398,7 @@ def main():
         sys.exit(f"error: unknown check(s) {unknown}; known: {', '.join(CHECKS)}")
     store = launcher_store()
     for i, submission in enumerate(submissions_to_grade(args.submissions)):
-        select_submission(submission)
+        select_submission(submission, store, tag=str(i))
         lines = run_checks(names, store, tag=str(i))
         if RANK == 0:
             print("\n".join(lines))

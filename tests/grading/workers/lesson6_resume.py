@@ -14,7 +14,9 @@ and a cosine schedule. Three kinds of run over the same data:
 When every submission's drill has reached KILL_STEP, the last rank sends itself SIGKILL and
 torchrun restarts every worker: one kill and one restart per job, however many submissions
 it grades. The restarted job resumes each submission in turn and prints, per submission,
-`resume: ok, bit-identical at W ranks` or `resume: FAILED: ...`.
+`resume: ok, bit-identical at W ranks` or `resume: FAILED: ...`. Each drill and each resume
+is announced first (`### drill X`, `### submission X`: common.announce), so a job that stops
+names the submission it stopped in; a restart in the middle of a resume announces it again.
 Work in progress lives in --work (a folder per submission), so a restarted job knows where it
 was. The positions each rank trains come from the grader's own copy of the sampler
 arithmetic, so a mistake in resume_indices does not cost this exercise.
@@ -33,6 +35,7 @@ import torch.distributed as dist
 from common import (
     RANK,
     WORLD,
+    announce,
     exercises_or_error,
     one_line,
     select_submission,
@@ -192,6 +195,7 @@ def main():
             train(None, work, "reference")
         for submission, folder in folders:
             if not (folder / "drilled").exists() and not (folder / "problem").exists():
+                announce("drill", submission)
                 run_one(submission, folder, "drill")
                 if RANK == 0:
                     (folder / "drilled").write_text("1")
@@ -205,9 +209,9 @@ def main():
     for submission, folder in folders:
         if (folder / "done").exists():
             continue
+        select_submission(submission)  # the submission's header, then its one line
         if not (folder / "problem").exists():
             run_one(submission, folder, "resume")
-        select_submission(submission)  # the submission's header, then its one line
         if RANK == 0:
             print(verdict(work, folder), flush=True)
             (folder / "done").write_text("1")

@@ -1,0 +1,172 @@
+"""`make grade-class`: each job of a lesson launched once for the whole class, and every
+student scored exactly as grading them alone would score them, whatever the others' code does
+(ddpcourse/course/batched_jobs.py, ddpcourse/course/grading.py's cmd_class)."""
+
+import csv
+import json
+import shutil
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
+
+import pytest
+from util import PYTHON, ROOT, run
+
+from ddpcourse.course import batched_jobs, grading
+from ddpcourse.course.grading import run_grading, summarise
+
+pytestmark = pytest.mark.skipif(not (ROOT / "solutions").is_dir(),
+                                reason="this copy of the course has no solutions/")
+
+
+def fake_worker(launches):
+    """A stand-in for batched_jobs.launch_for: grades the folders in turn as a worker does
+    (announce, then report); a folder named dies* ends the job (exit status 1), hangs* is
+    stopped at its time limit (124). Records every launch's folders."""
+    def launch_for(job, folders, work):
+        launches.append([f.rsplit("/", 1)[-1] for f in folders])
+        stdout = ""
+        for folder in folders:
+            stdout += f"### submission {folder}\n"
+            name = folder.rsplit("/", 1)[-1]
+            if name.startswith(("dies", "hangs")):
+                return subprocess.CompletedProcess(
+                    folders, 1 if name.startswith("dies") else 124, stdout, f"{name} stopped\n")
+            stdout += f"check: ok for {name}\n"
+        return subprocess.CompletedProcess(folders, 0, stdout, "")
+    return launch_for
+
+
+def test_a_submission_that_stops_the_job_is_graded_alone_and_costs_no_one_else(
+        monkeypatch, tmp_path):
+    launches = []
+    monkeypatch.setattr(batched_jobs, "launch_for", fake_worker(launches))
+    folders = [f"/class/{name}" for name in ("ann", "dies1", "ben", "hangs", "cy")]
+    said = []
+    shares = batched_jobs.shares_of(SimpleNamespace(name="lesson9_W2"), folders, tmp_path,
+                                    say=said.append)
+    # the whole class; dies1 alone; the rest; hangs alone; the one after it
+    assert launches == [["ann", "dies1", "ben", "hangs", "cy"], ["dies1"],
+                        ["ben", "hangs", "cy"], ["hangs"], ["cy"]]
+    for name in ("ann", "ben"):  # their reports, as the job printed them
+        assert shares[f"/class/{name}"] == batched_jobs.Share(0, f"\ncheck: ok for {name}\n")
+    assert shares["/class/cy"] == batched_jobs.Share(  # alone: all its job printed
+        0, "### submission /class/cy\ncheck: ok for cy\n")
+    # the guilty get what a job of their own gave them
+    assert shares["/class/dies1"].returncode == 1
+    assert shares["/class/dies1"].stderr == "dies1 stopped\n"
+    assert shares["/class/hangs"].returncode == 124
+    assert not any(share.not_graded for share in shares.values())
+    assert len(said) == 2 and "stopped (exit status 1) in /class/dies1" in said[0]
+
+
+def test_a_job_that_stops_before_any_submission_grades_no_one(monkeypatch, tmp_path):
+    launches = []
+
+    def broken(job, folders, work):
+        launches.append(folders)
+        return subprocess.CompletedProcess(folders, 1, "", "torchrun: no such port\n")
+
+    monkeypatch.setattr(batched_jobs, "launch_for", broken)
+    shares = batched_jobs.shares_of(SimpleNamespace(name="lesson9_W2"), ["/a", "/b", "/c"],
+                                    tmp_path, say=lambda line: None)
+    assert len(launches) == 1  # no one to blame: no one is relaunched
+    assert {share.not_graded for share in shares.values()} == {
+        "job lesson9_W2 stopped before it began any submission (exit status 1): "
+        "torchrun: no such port"}
+
+
+def test_a_restarted_job_reports_each_submission_from_its_last_announcement():
+    """Lesson 6: every drill is announced, then every resume; a restart in the middle of b's
+    resume announces b again."""
+    stdout = ("### drill /a\n### drill /b\n### submission /a\nresume: ok\n"
+              "### submission /b\n### submission /b\nresume: ok\nprinted by /b's code\n")
+    reports, finished, stopped_in = batched_jobs.read_announcements(stdout, ["/a", "/b"])
+    assert reports == {"/a": "\nresume: ok\n", "/b": "\nresume: ok\nprinted by /b's code\n"}
+    assert finished == {"/a"} and stopped_in == "/b"
+    _, finished, stopped_in = batched_jobs.read_announcements("### drill /a\n### drill /b\n",
+                                                              ["/a", "/b"])
+    assert finished == set() and stopped_in == "/b"
+
+
+def test_a_student_not_graded_has_empty_cells_and_a_reason(monkeypatch, tmp_path):
+    for student in ("ann", "bob"):
+        (tmp_path / "class" / student).mkdir(parents=True)
+    ann_tests = {"t1": {"exercise": "l1_identity", "points": 3.0, "outcome": "passed"},
+                 "t2": {"exercise": "l1_global_rank", "points": 2.0, "outcome": "failed"}}
+
+    def graded(lesson, students, out, timeout, workers):
+        return {students[0]: (ann_tests, ""), students[1]: ({}, "job lesson1_W4 stopped")}
+
+    monkeypatch.setattr(grading, "grade_lesson_of_class", graded)
+    out_csv = tmp_path / "class.csv"
+    assert grading.main(["class", str(tmp_path / "class"), "--lesson", "1",
+                         "--csv", str(out_csv), "--out", str(tmp_path / "out")]) == 0
+    ann, bob = csv.DictReader(out_csv.open())
+    assert (ann["l1_identity"], ann["l1_global_rank"], ann["l1_node_groups"]) == ("3", "0", "")
+    assert (ann["total"], ann["status"]) == ("3", "graded")
+    assert bob["l1_identity"] == bob["total"] == ""
+    assert bob["status"] == "not graded: lesson 1: job lesson1_W4 stopped"
+
+
+DIES_UNDER_TORCHRUN = '''
+
+import os  # noqa: E402
+
+_reference_identity = identity_from_env
+
+
+def identity_from_env(environ):
+    if "TORCHELASTIC_RUN_ID" in os.environ:  # in the grading job only: every rank exits
+        os._exit(3)
+    return _reference_identity(environ)
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_class_is_scored_as_grading_each_student_alone(tmp_path):
+    klass = tmp_path / "class"
+    solution = (ROOT / "solutions" / "lesson1" / "exercises.py").read_text()
+    for student in ("bob", "carol", "dave"):
+        (klass / student / "lesson1").mkdir(parents=True)
+    # bob's code ends every rank of the grading job, so the class's job stops in bob
+    (klass / "bob" / "lesson1" / "exercises.py").write_text(solution + DIES_UNDER_TORCHRUN)
+    # carol solved one exercise; dave all of them: both come after bob
+    stubs = (ROOT / "lessons" / "lesson1" / "exercises.py").read_text()
+    (klass / "carol" / "lesson1" / "exercises.py").write_text(stubs.replace(
+        'raise NotImplementedError("l1_global_rank: compute the global rank")',
+        "if min(node_rank, local_rank) < 0 or not 0 <= local_rank < procs_per_node:\n"
+        "        raise ValueError('no such process')\n"
+        "    return node_rank * procs_per_node + local_rank"))
+    shutil.copy(ROOT / "solutions" / "lesson1" / "exercises.py", klass / "dave" / "lesson1")
+    out_csv, out = tmp_path / "class.csv", tmp_path / "runs"
+    result = run([PYTHON, "-m", "ddpcourse.course.grading", "class", str(klass), "--lesson", "1",
+                  "--csv", str(out_csv), "--out", str(out)], timeout=280)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert (f"stopped (exit status 1) in {klass / 'bob'}: that one is graded alone, the 2 "
+            "after it together again") in result.stderr
+    assert "lesson 1: 3 submissions in " in result.stdout
+    assert "3 submissions, 1 lesson, in " in result.stdout
+
+    def alone(student):
+        return summarise(run_grading(1, tmp_path / "alone" / student,
+                                     submission=str(klass / student), quiet=True))
+
+    students = ["bob", "carol", "dave"]
+    with ThreadPoolExecutor(2) as pool:  # mostly importing torch: one at a time per core
+        by_themselves = dict(zip(students, pool.map(alone, students), strict=True))
+    rows = {row["student"]: row for row in csv.DictReader(out_csv.open())}
+    assert list(rows) == students
+    for student in students:
+        in_class = json.loads((out / student / "lesson1" / "results.json").read_text())
+        assert in_class["scores"] == by_themselves[student], student
+        assert (out / student / "lesson1" / "junit.xml").exists()
+        row = rows[student]
+        assert row["status"] == "graded"
+        assert {e: float(row[e]) for e in in_class["scores"]} == {
+            e: s["earned"] for e, s in in_class["scores"].items()}
+    points = {s: {e: v["earned"] for e, v in by_themselves[s].items()} for s in students}
+    assert all(v["earned"] == v["possible"] for v in by_themselves["dave"].values())
+    assert 0 < points["bob"]["l1_identity"] < by_themselves["bob"]["l1_identity"]["possible"]
+    assert points["carol"]["l1_global_rank"] > 0 and points["carol"]["l1_identity"] == 0
