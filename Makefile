@@ -14,6 +14,9 @@ LESSON  ?=
 IMPL    ?= student
 SUBMISSION  ?=
 SUBMISSIONS ?= submissions
+SLURM   ?=
+SLURM_TASKS ?= 4
+SBATCH_ARGS ?=
 RELEASE ?= build/student-release
 GRADESCOPE ?= build/gradescope
 
@@ -87,8 +90,11 @@ grade: setup ## grade exercises: [LESSON=n] [IMPL=student|solutions] [SUBMISSION
 	@$(VPY) -m ddpcourse.course.grading grade --lesson '$(LESSON)' --impl '$(IMPL)' \
 		$(if $(SUBMISSION),--submission '$(SUBMISSION)')
 
-grade-class: setup ## grade every folder under SUBMISSIONS=dir into build/grades/class.csv
-	@$(VPY) -m ddpcourse.course.grading class '$(SUBMISSIONS)' --lesson '$(LESSON)'
+# SLURM=1: one array job of SLURM_TASKS tasks on the cluster this machine is a login node of,
+# merged into the same CSV and JSON; SBATCH_ARGS adds what the site needs (--partition=...).
+grade-class: setup ## grade every folder under SUBMISSIONS=dir into build/grades/class.csv [SLURM=1]
+	@$(VPY) -m ddpcourse.course.grading class '$(SUBMISSIONS)' --lesson '$(LESSON)' \
+		$(if $(filter 1,$(SLURM)),--slurm --tasks '$(SLURM_TASKS)' --sbatch-args '$(SBATCH_ARGS)')
 
 notebooks: setup ## execute every notebook and render HTML into build/notebooks
 	$(VPY) -m jupyter nbconvert --to html --embed-images --execute --ExecutePreprocessor.timeout=600 \

@@ -334,31 +334,28 @@ def grade_lesson_of_class(lesson: int, students: list[Path], out: Path, timeout:
         return dict(zip(students, pool.map(grade, students), strict=True))
 
 
-def cmd_class(args) -> int:
-    base = Path(args.submissions)
-    if not base.is_dir():
-        print(f"error: {base} is not a folder of submissions", file=sys.stderr)
-        return 2
-    students = sorted(p for p in base.iterdir() if p.is_dir() and not p.name.startswith("."))
-    if not students:
-        print(f"error: {base} holds no submission folders", file=sys.stderr)
-        return 2
-    lessons = [args.lesson] if args.lesson else graded_lessons()
-    grading_targets(args.lesson)  # a lesson without grading tests: one line, before any work
+def submission_folders(base: Path) -> list[Path]:
+    """A class's submission folders, in name order (hidden ones left out)."""
+    return sorted(p for p in base.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+
+def grade_students(students: list[Path], lessons: list[int], args) -> dict[str, dict]:
+    """{student name: {"scores": {exercise: earned}, "not_graded": ["lesson N: why", ...]}}
+    for these students, a lesson at a time (grade_lesson_of_class), timed as it goes."""
     out = Path(args.out)
-    scores = {student: {} for student in students}   # exercise -> earned, graded lessons only
-    why_not = {student: [] for student in students}  # "lesson N: why", lessons not graded
+    results = {s.name: {"scores": {}, "not_graded": []} for s in students}
     class_started = time.perf_counter()
     for lesson in lessons:
         started = time.perf_counter()
         for student, (tests, why) in grade_lesson_of_class(
                 lesson, students, out, args.timeout, args.workers).items():
+            record = results[student.name]
             if why:
-                why_not[student].append(f"lesson {lesson}: {why}")
+                record["not_graded"].append(f"lesson {lesson}: {why}")
                 print(f"{student.name}: lesson {lesson} not graded: {why}")
                 continue
             lesson_scores = summarise(tests)
-            scores[student].update({e: s["earned"] for e, s in lesson_scores.items()})
+            record["scores"].update({e: s["earned"] for e, s in lesson_scores.items()})
             print(f"{student.name}: lesson {lesson}: "
                   f"{sum(s['earned'] for s in lesson_scores.values()):g} of "
                   f"{sum(s['possible'] for s in lesson_scores.values()):g} points")
@@ -369,22 +366,108 @@ def cmd_class(args) -> int:
     print(f"{len(students)} submissions, {len(lessons)} lesson{'s' * (len(lessons) > 1)}, in "
           f"{elapsed:.0f} s ({elapsed / len(students) / len(lessons):.1f} s per submission "
           "per lesson)")
+    return results
+
+
+def write_class_results(results: dict[str, dict], lessons: list[int], csv_path: Path) -> None:
+    """The class's CSV (a column per exercise, the total, the status) and the same as JSON
+    beside it. A lesson not graded leaves its cells and the total empty, never 0."""
     exercises = [m for m in exercise_markers()
                  if int(re.match(r"l(\d+)_", m).group(1)) in lessons]
-    csv_path = Path(args.csv)
     csv_path.parent.mkdir(parents=True, exist_ok=True)
+    rows = {}
     with csv_path.open("w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(["student", *exercises, "total", "status"])
-        for student in students:  # a lesson not graded leaves its cells and the total empty
-            earned = scores[student]
-            total = "" if why_not[student] else f"{sum(earned.values()):g}"
-            status = "not graded: " + "; ".join(why_not[student]) if why_not[student] \
-                else "graded"
-            writer.writerow([student.name, *(f"{earned[e]:g}" if e in earned else ""
-                                             for e in exercises), total, status])
-    print(f"class results: {csv_path}")
+        for name, record in results.items():
+            earned, why_not = record["scores"], record["not_graded"]
+            total = None if why_not else sum(earned.values())
+            status = "not graded: " + "; ".join(why_not) if why_not else "graded"
+            writer.writerow([name, *(f"{earned[e]:g}" if e in earned else "" for e in exercises),
+                             "" if total is None else f"{total:g}", status])
+            rows[name] = {"scores": earned, "total": total, "status": status}
+    csv_path.with_suffix(".json").write_text(json.dumps(
+        {"lessons": lessons, "exercises": exercises, "students": rows}, indent=1))
+    print(f"class results: {csv_path} (and {csv_path.with_suffix('.json').name} beside it)")
+
+
+def task_results_path(out: Path, task: int) -> Path:
+    return out / "tasks" / f"task{task}.json"
+
+
+def grade_class_on_slurm(base: Path, students: list[Path], lessons: list[int],
+                         args) -> dict[str, dict]:
+    """Submit one array job (tests/grading/grade_class.sbatch) of args.tasks tasks to the
+    SLURM cluster this machine is on, wait for it, and merge what its tasks wrote. The
+    students of a task that left no results are not graded, with the reason, never 0."""
+    out = Path(args.out).resolve()
+    tasks = max(1, min(args.tasks, len(students)))
+    shutil.rmtree(out / "tasks", ignore_errors=True)  # no results from an earlier run
+    (out / "slurm").mkdir(parents=True, exist_ok=True)
+    sbatch = shutil.which("sbatch")
+    if sbatch is None:
+        raise SystemExit("error: SLURM=1 needs sbatch on this machine (a cluster's login node)")
+    venv = Path(sys.prefix)  # the tasks use this Python environment: it must be on shared disk
+    command = [sbatch, "--wait", f"--array=0-{tasks - 1}",
+               f"--output={out / 'slurm' / 'task-%a.out'}", *args.sbatch_args.split(),
+               str(GRADING_TESTS / "grade_class.sbatch"), str(base.resolve()),
+               "--out", str(out), "--timeout", str(args.timeout),
+               "--workers", str(args.workers), *(["--lesson", str(args.lesson)]
+                                                 if args.lesson else [])]
+    print("$ " + " ".join(command), flush=True)
+    started = time.perf_counter()
+    ended = subprocess.run(command, cwd=ROOT, env=dict(os.environ, COURSE_VENV=str(venv)))
+    print(f"SLURM array of {tasks} task(s) ended with exit status {ended.returncode} after "
+          f"{time.perf_counter() - started:.0f} s", flush=True)
+    results = {}
+    for task in range(tasks):
+        share = students[task::tasks]
+        saved = task_results_path(out, task)
+        if saved.exists():
+            results.update(json.loads(saved.read_text()))
+            continue
+        log = out / "slurm" / f"task-{task}.out"
+        last = log.read_text(errors="replace").strip().splitlines()[-1:] if log.exists() else []
+        why = (f"SLURM array task {task} ended without results ({log}"
+               + (f": {last[0][:200]}" if last else "") + ")")
+        print(f"task {task}: {why}; {len(share)} student(s) not graded", file=sys.stderr)
+        results.update({s.name: {"scores": {}, "not_graded": [why]} for s in share})
+    return {s.name: results[s.name] for s in students}
+
+
+def cmd_class(args) -> int:
+    base = Path(args.submissions)
+    if not base.is_dir():
+        print(f"error: {base} is not a folder of submissions", file=sys.stderr)
+        return 2
+    students = submission_folders(base)
+    if not students:
+        print(f"error: {base} holds no submission folders", file=sys.stderr)
+        return 2
+    lessons = [args.lesson] if args.lesson else graded_lessons()
+    grading_targets(args.lesson)  # a lesson without grading tests: one line, before any work
+    if args.slice:  # one task of a SLURM array: its share of the class, for the merge
+        task, tasks = args.slice
+        results = grade_students(students[task::tasks], lessons, args)
+        saved = task_results_path(Path(args.out), task)
+        saved.parent.mkdir(parents=True, exist_ok=True)
+        saved.write_text(json.dumps(results, indent=1))
+        print(f"task {task} of {tasks}: results in {saved}")
+        return 0
+    if args.slurm:
+        results = grade_class_on_slurm(base, students, lessons, args)
+    else:
+        results = grade_students(students, lessons, args)
+    write_class_results(results, lessons, Path(args.csv))
     return 0
+
+
+def task_slice(text: str) -> tuple[int, int]:
+    """'2/5' -> (2, 5): task 2 of 5 takes every fifth submission from the third."""
+    match = re.fullmatch(r"(\d+)/(\d+)", text.strip())
+    if not match or not int(match.group(1)) < int(match.group(2)):
+        raise argparse.ArgumentTypeError(f"--slice {text!r}: give TASK/TASKS, 0 <= TASK < TASKS")
+    return int(match.group(1)), int(match.group(2))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -402,6 +485,14 @@ def main(argv: list[str] | None = None) -> int:
     klass.add_argument("--workers", type=int, default=min(8, os.cpu_count() or 1),
                        help="students whose grading tests run at once (default: the cores, "
                             "at most 8)")
+    klass.add_argument("--slurm", action="store_true",
+                       help="grade as one SLURM array job on this machine's cluster")
+    klass.add_argument("--tasks", type=int, default=4,
+                       help="with --slurm: array tasks, each a slice of the class (default 4)")
+    klass.add_argument("--sbatch-args", default="",
+                       help="with --slurm: more sbatch options, e.g. '--partition=cpu'")
+    klass.add_argument("--slice", type=task_slice, default=None,
+                       help="TASK/TASKS: grade only that slice (what an array task runs)")
     klass.set_defaults(func=cmd_class)
     for p in (grade, klass):
         p.add_argument("--lesson", type=lesson_number, default=None)

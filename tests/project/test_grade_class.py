@@ -4,14 +4,17 @@ student scored exactly as grading them alone would score them, whatever the othe
 
 import csv
 import json
+import re
 import shutil
 import subprocess
+import time
 from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
 import pytest
 from util import PYTHON, ROOT, run
 
+from ddpcourse.cluster import slurm
 from ddpcourse.course import batched_jobs, grading
 from ddpcourse.course.grading import run_grading, summarise
 
@@ -170,3 +173,56 @@ def test_a_class_is_scored_as_grading_each_student_alone(tmp_path):
     assert all(v["earned"] == v["possible"] for v in by_themselves["dave"].values())
     assert 0 < points["bob"]["l1_identity"] < by_themselves["bob"]["l1_identity"]["possible"]
     assert points["carol"]["l1_global_rank"] > 0 and points["carol"]["l1_identity"] == 0
+
+
+# --- a SLURM job array on the course's own cluster (lesson 5's) ----------------------------
+
+NO_SLURM = slurm.unavailable_reason()
+
+
+@pytest.mark.skipif(NO_SLURM is not None, reason=f"no SLURM cluster here: {NO_SLURM}")
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_slurm_array_grades_slices_of_the_class_and_a_lost_task_is_not_graded(tmp_path):
+    klass, out, out_csv = tmp_path / "class", tmp_path / "runs", tmp_path / "class.csv"
+    for student, source in (("ann", "solutions"), ("ben", "lessons"), ("cat", "solutions"),
+                            ("dan", "solutions")):
+        (klass / student / "lesson1").mkdir(parents=True)
+        shutil.copy(ROOT / source / "lesson1" / "exercises.py", klass / student / "lesson1")
+    # 3 tasks: ann and dan in task 0, ben (the stubs) in task 1, cat in task 2
+    command = [PYTHON, "-m", "ddpcourse.course.grading", "class", str(klass), "--lesson", "1",
+               "--slurm", "--tasks", "3", "--out", str(out), "--csv", str(out_csv)]
+    cancelled = None
+    with slurm.Cluster(1) as cluster:  # submitted from host 0, as from a login node
+        grader = subprocess.Popen(cluster.hosts.command(0, command), env=cluster.env(),
+                                  cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                  text=True)
+        while grader.poll() is None and cancelled is None:  # task 1 lost, as to a dead node
+            queued = cluster.run(["squeue", "--noheader", "--array", "--format=%i"]).stdout
+            job = re.search(r"^(\d+)_", queued, re.M)
+            if job:
+                cancelled = cluster.run(["scancel", f"{job.group(1)}_1"]).returncode
+            time.sleep(0.1)
+        said, _ = grader.communicate(timeout=240)
+    assert grader.returncode == 0 and cancelled == 0, said[-3000:]
+    # sbatch --wait may say 0 for a task cancelled before it started: the merge goes by the
+    # results each task wrote, not by that status
+    assert re.search(r"SLURM array of 3 task\(s\) ended with exit status \d+", said), said
+    rows = {row["student"]: row for row in csv.DictReader(out_csv.open())}
+    assert list(rows) == ["ann", "ben", "cat", "dan"], rows
+    # ben's task never ran: not graded, with where to look; never a silent 0
+    assert rows["ben"]["total"] == "" and rows["ben"]["l1_identity"] == ""
+    assert rows["ben"]["status"].startswith(
+        "not graded: SLURM array task 1 ended without results"), rows["ben"]
+    saved = json.loads(out_csv.with_suffix(".json").read_text())["students"]
+    assert saved["ben"]["total"] is None and saved["ben"]["scores"] == {}
+    # the others, graded by tasks 0 and 2 as a local run grades them: full marks
+    for student in ("ann", "cat", "dan"):
+        scores = json.loads((out / student / "lesson1" / "results.json").read_text())["scores"]
+        assert rows[student]["status"] == "graded"
+        assert {e: float(rows[student][e]) for e in scores} == {
+            e: s["possible"] for e, s in scores.items()}, (student, scores)
+        assert float(rows[student]["total"]) == saved[student]["total"] == sum(
+            s["possible"] for s in scores.values()) > 0
+        assert (out / student / "lesson1" / "junit.xml").exists()
+    assert (out / "slurm" / "task-0.out").exists() and (out / "slurm" / "task-2.out").exists()
