@@ -374,7 +374,8 @@ def test_ctrl_c_while_a_job_runs_removes_the_cluster(tmp_path):
 @pytest.mark.timeout(60)
 def test_a_cluster_that_cannot_start_says_why_in_one_line_and_leaves_nothing(monkeypatch):
     conf = S.slurm_conf
-    monkeypatch.setattr(S, "slurm_conf", lambda *a: conf(*a) + "SelectType=select/nonesuch\n")
+    monkeypatch.setattr(S, "slurm_conf",
+                        lambda *a, **kw: conf(*a, **kw) + "SelectType=select/nonesuch\n")
     cluster = S.Cluster(1)
     with pytest.raises(S.SlurmError) as raised:
         with cluster:
