@@ -29,7 +29,7 @@ OPTS    := --nproc '$(NPROC)' --nnodes '$(NNODES)' --port '$(PORT)' --timeout '$
 # Checks NPROC/NNODES/PORT with the system Python before anything is installed or started.
 CHECK   := $(PYTHON) -m ddpcourse.cluster.launch --check $(OPTS)
 
-.PHONY: help setup bench test test-fast lint grade grade-class notebooks site site-test figures \
+.PHONY: help setup bench test test-busy test-fast lint grade grade-class notebooks site site-test figures \
         student-release gradescope classroom-workflow clean
 
 help: ## list the targets
@@ -78,6 +78,11 @@ TEST_WORKERS ?= 3
 test: setup ## lint, then the whole test suite (solutions full marks, stubs zero, notebooks run)
 	$(VPY) -m ruff check .
 	$(VPY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=15
+
+# The suite on a loaded machine: one spinning process per core beside it, as on a busy laptop.
+test-busy: setup ## make test with every core kept busy by another program
+	@pids=""; for i in $$(seq $$(nproc)); do $(PYTHON) -c 'while True: pass' & pids="$$pids $$!"; done; \
+	trap 'kill $$pids' EXIT; $(MAKE) --no-print-directory test
 
 test-fast: setup ## lint and the tests that start no job (under a minute): the edit-run loop
 	$(VPY) -m ruff check .
