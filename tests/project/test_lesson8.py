@@ -505,6 +505,10 @@ def test_activations_grow_with_every_token_and_checkpointing_keeps_a_fraction():
     facts = summary(result.stdout)
     # every block keeps only its input: a small share, and recomputing changes no gradient
     assert float(facts["memory_ratio"]) < 0.35 and float(facts["grad_diff"]) < 1e-6, facts
+    # under FSDP2 a rank keeps the same activations (only the weights are sharded), and
+    # checkpointing keeps the same share: the gathered weights are not counted as activations
+    assert facts["fsdp_activation_mb"] == facts["activation_mb"], facts
+    assert facts["fsdp_memory_ratio"] == facts["memory_ratio"], facts
 
 
 # --- the scripts' diffs, and bad input ------------------------------------------------------
