@@ -21,7 +21,7 @@ import time
 from types import SimpleNamespace
 
 import pytest
-from util import PYTHON, ROOT, run
+from util import PYTHON, ROOT, machine_load, run
 
 from ddpcourse.cluster import hosts as H
 from ddpcourse.cluster import slurm as S
@@ -339,7 +339,7 @@ def test_nothing_is_left_behind(jobs):
 
 @needs_slurm
 @pytest.mark.slow
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(240)
 def test_ctrl_c_while_a_job_runs_removes_the_cluster(tmp_path):
     script = tmp_path / "long.sbatch"
     script.write_text("#!/bin/sh\necho started\nsleep 60\n")
@@ -357,13 +357,13 @@ def test_ctrl_c_while_a_job_runs_removes_the_cluster(tmp_path):
     pids = processes_in(names)
     assert len(names) == 3 and len(pids) >= 5  # munged, slurmctld, 2 slurmd, the job
     child.send_signal(signal.SIGINT)
-    try:
-        status = child.wait(timeout=60)
+    try:  # seconds on a quiet machine; the cleanup's own waits add up to a minute under load
+        status = child.wait(timeout=150)
     except subprocess.TimeoutExpired:  # show where it hangs: faulthandler prints the stacks
         child.send_signal(signal.SIGABRT)
         child.wait(timeout=10)
         S.cleanup_stale()  # what the aborted run left
-        pytest.fail("no exit 60 s after Ctrl-C:\n" + child.stderr.read())
+        pytest.fail(f"no exit 150 s after Ctrl-C ({machine_load()}):\n" + child.stderr.read())
     assert status == 130, child.stderr.read()
     assert not alive(pids)
     assert leftovers(child.pid) == set()

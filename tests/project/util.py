@@ -12,6 +12,15 @@ PYTHON = sys.executable  # a fork server's stand-in (tests/project/conftest.py)
 REAL_PYTHON = os.environ.get("COURSE_REAL_PYTHON", sys.executable)
 
 
+def machine_load() -> str:
+    """'load average 7.9 on 2 cores', and whether that is more than the cores: for the message
+    of a test that waited for something in bounded time, so that a failure on a loaded
+    machine says so instead of passing for a wrong result."""
+    load, cores = os.getloadavg()[0], os.cpu_count() or 1
+    verdict = "the machine was loaded; rerun when it is quieter" if load > cores else "not loaded"
+    return f"load average {load:.1f} on {cores} cores: {verdict}"
+
+
 def run(cmd, timeout=120, env=None, cwd=ROOT, **kwargs):
     """Run a command with a wall-clock limit and return its CompletedProcess (text)."""
     full_env = dict(os.environ, **(env or {}))
