@@ -15,6 +15,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -345,7 +346,10 @@ def test_ctrl_c_while_a_job_runs_removes_the_cluster(tmp_path):
     script.write_text("#!/bin/sh\necho started\nsleep 60\n")
     # SIGINT as a terminal would deliver it: a test run started in the background by a
     # shell inherits SIGINT ignored, and so would this child.
-    child = subprocess.Popen([PYTHON, "-m", "ddpcourse.cluster.slurm", "run", str(script)],
+    # the real interpreter, not the fork server's stand-in: its faulthandler shows the
+    # stacks if the cleanup ever hangs
+    child = subprocess.Popen([sys.executable, "-m", "ddpcourse.cluster.slurm", "run",
+                              str(script)],
                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                              env=dict(os.environ, PYTHONFAULTHANDLER="1"),
                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
