@@ -346,10 +346,11 @@ def test_ctrl_c_while_a_job_runs_removes_the_cluster(tmp_path):
     script.write_text("#!/bin/sh\necho started\nsleep 60\n")
     # SIGINT as a terminal would deliver it: a test run started in the background by a
     # shell inherits SIGINT ignored, and so would this child.
-    # the real interpreter, not the fork server's stand-in: its faulthandler shows the
-    # stacks if the cleanup ever hangs
-    child = subprocess.Popen([sys.executable, "-m", "ddpcourse.cluster.slurm", "run",
-                              str(script)],
+    # The real interpreter (tests/project/conftest.py), not the fork server's stand-in: a
+    # fork of the server keeps the server's SIGINT, ignored when the suite was started in the
+    # background, whatever preexec_fn sets in the stand-in.
+    real_python = os.environ.get("COURSE_REAL_PYTHON", sys.executable)
+    child = subprocess.Popen([real_python, "-m", "ddpcourse.cluster.slurm", "run", str(script)],
                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                              env=dict(os.environ, PYTHONFAULTHANDLER="1"),
                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
