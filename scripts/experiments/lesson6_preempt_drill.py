@@ -33,6 +33,9 @@ from ddpcourse.cluster.launch import LaunchError, launch
 from ddpcourse.events import attempts_of, read_events
 from ddpcourse.report import summary_line
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from lesson6_kill_drill import same_weights  # noqa: E402  (the kill drill's bit-for-bit check)
+
 ROOT = Path(__file__).resolve().parents[2]
 STEP = "scripts/lesson6_preemptible.py"
 SBATCH = "scripts/lesson6_preempt.sbatch"
@@ -111,13 +114,6 @@ def stopped_at(output):
     """The step after which the run said it stopped ('preempted: SIGTERM after step 17')."""
     found = re.findall(r"preempted: \S+ after step (\d+)", output)
     return int(found[-1]) if found else None
-
-
-def same_weights(a, b):
-    import torch
-
-    left, right = (torch.load(p, map_location="cpu", weights_only=True)["model"] for p in (a, b))
-    return len(left), [k for k in left if not torch.equal(left[k], right[k])]
 
 
 def judge(paths, ref, stop):
