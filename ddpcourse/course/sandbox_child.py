@@ -1,0 +1,317 @@
+"""The process a submission's code runs in: it decides nothing and returns only data.
+
+Started by ddpcourse/course/sandbox.py, never by hand. It reads requests on one pipe and
+answers on another: call a function of the submission, run one of the grader's probes
+(tests/grading/probes.py) beside it, or launch a grading job. Every answer is data
+(numbers, strings, lists, dicts, plain tensors) written with torch.save, which the judge
+reads with torch.load(weights_only=True): no object of the submission's can come back. An
+object that is not data stays here as a numbered handle the judge may pass back.
+
+Started as root (in new mount, network and PID namespaces, see sandbox.py), it first brings
+the loopback interface up, hides the grader's files, and drops to an unprivileged user before
+it imports anything of the submission's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import builtins
+import ctypes
+import fcntl
+import importlib
+import io
+import os
+import pickle
+import socket
+import struct
+import subprocess
+import sys
+import traceback
+from contextlib import ExitStack, contextmanager
+from datetime import timedelta
+
+MAX_REPLY = 256 * 2**20
+
+
+def loopback_up() -> None:
+    """`ip link set lo up` without iproute2: SIOCSIFFLAGS on an AF_INET socket."""
+    siocgifflags, siocsifflags, iff_up = 0x8913, 0x8914, 0x1
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        request = struct.pack("16sH14s", b"lo", 0, b"")
+        flags = struct.unpack("16sH14s", fcntl.ioctl(s, siocgifflags, request))[1]
+        fcntl.ioctl(s, siocsifflags, struct.pack("16sH14s", b"lo", flags | iff_up, b""))
+
+
+def mount(*args: str) -> None:
+    subprocess.run(["mount", *args], check=True)
+
+
+def expose(path: str, spare: str) -> None:
+    """Make `path` reachable for other users when a folder above it is not (the interpreter
+    under /root, say): cover that folder with an empty one that others may enter, and put
+    `path` back inside it. The rest of that folder stays out of sight."""
+    parts = os.path.abspath(path).split(os.sep)[1:]
+    closed = next((os.sep + os.path.join(*parts[:i]) for i in range(1, len(parts))
+                   if not os.stat(os.sep + os.path.join(*parts[:i])).st_mode & 0o001), None)
+    if closed is None:
+        return
+    os.makedirs(spare, exist_ok=True)
+    mount("--rbind", path, spare)
+    mount("-t", "tmpfs", "-o", "size=64k,mode=0755", "exposed", closed)
+    os.makedirs(path, exist_ok=True)
+    mount("--move", spare, path)
+
+
+def hide_and_drop(hide: list[str], exposed: list[str], uid: int) -> None:
+    """As root inside the new namespaces: make the interpreter reachable, cover the grader's
+    files with empty read-only file systems, then become `uid` for good (no_new_privs)."""
+    loopback_up()
+    for i, path in enumerate(exposed):
+        expose(path, os.path.join(os.environ["HOME"], "..", f"expose{i}"))
+    for path in hide:
+        mount("-t", "tmpfs", "-o", "size=64k,mode=0555,ro", "hidden", path)
+    os.setgroups([])
+    os.setresgid(uid, uid, uid)
+    os.setresuid(uid, uid, uid)
+    pr_set_no_new_privs = 38
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_no_new_privs, 1, 0, 0, 0)
+
+
+# --- data out --------------------------------------------------------------------------------
+
+class Handles:
+    def __init__(self):
+        self.objects: dict[int, object] = {}
+
+    def keep(self, obj) -> dict:
+        key = len(self.objects) + 1
+        self.objects[key] = obj
+        return {"__handle__": key, "type": type(obj).__name__}
+
+
+def to_data(obj, handles: Handles, depth: int = 0):
+    """The submission's value as data; anything else becomes a handle."""
+    import numpy as np
+    import torch
+
+    if depth > 50:
+        raise ValueError("the value is nested more than 50 levels deep")
+    if obj is None or type(obj) in (bool, int, float, str, bytes, complex):
+        return obj
+    for plain in (bool, int, float, str, bytes):
+        if isinstance(obj, plain):
+            return plain(obj)
+    if isinstance(obj, torch.Tensor):
+        tensor = obj.detach()
+        if type(tensor) is not torch.Tensor:
+            tensor = tensor.as_subclass(torch.Tensor)
+        return tensor.clone().contiguous()
+    if isinstance(obj, np.ndarray):
+        return {"__ndarray__": torch.from_numpy(np.ascontiguousarray(obj).copy())}
+    if isinstance(obj, np.generic):
+        return to_data(obj.item(), handles, depth + 1)
+    if isinstance(obj, (list, tuple)):
+        items = [to_data(v, handles, depth + 1) for v in obj]
+        return items if isinstance(obj, list) else tuple(items)
+    if isinstance(obj, dict):
+        return {to_data(k, handles, depth + 1): to_data(v, handles, depth + 1)
+                for k, v in obj.items()}
+    if isinstance(obj, (set, frozenset)):
+        return {"__set__": [to_data(v, handles, depth + 1) for v in obj]}
+    if isinstance(obj, (torch.dtype, torch.device)):
+        return {"__repr__": str(obj)}
+    return handles.keep(obj)
+
+
+def from_judge(obj, handles: Handles):
+    """Arguments from the judge: handles turned back into the objects they stand for."""
+    if isinstance(obj, dict) and set(obj) == {"__handle__", "type"}:
+        return handles.objects[obj["__handle__"]]
+    if isinstance(obj, list):
+        return [from_judge(v, handles) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(from_judge(v, handles) for v in obj)
+    if isinstance(obj, dict):
+        return {k: from_judge(v, handles) for k, v in obj.items()}
+    return obj
+
+
+def describe_error(error: BaseException) -> dict:
+    """What the judge needs to raise the same kind of error: the class names down to the
+    first built-in one, the message, and where (the last lines of the traceback)."""
+    names = [cls.__name__ for cls in type(error).__mro__]
+    builtin = next((cls.__name__ for cls in type(error).__mro__
+                    if getattr(builtins, cls.__name__, None) is cls), "BaseException")
+    try:
+        message = str(error)
+    except Exception:  # a __str__ that raises
+        message = "(the error's message could not be read)"
+    where = "".join(traceback.format_exception(type(error), error, error.__traceback__)[-3:])
+    return {"mro": names[:20], "builtin": builtin, "message": message[:4000],
+            "where": where[-4000:]}
+
+
+# --- what a request does -----------------------------------------------------------------------
+
+@contextmanager
+def refusing(targets: list[tuple[str, str, str]], module):
+    """Each (module, attribute path, message): that attribute raises AssertionError(message)
+    while the submission runs, and so does the submission's own name for it."""
+    with ExitStack() as stack:
+        for module_name, path, message in targets:
+            owner = importlib.import_module(module_name)
+            *parents, name = path.split(".")
+            for parent in parents:
+                owner = getattr(owner, parent)
+            original = getattr(owner, name)
+
+            def refuse(*args, _message=message, **kwargs):
+                raise AssertionError(_message)
+            setattr(owner, name, refuse)
+            stack.callback(setattr, owner, name, original)
+            for held_as, value in list(vars(module).items()) if module else []:
+                if value is original:
+                    setattr(module, held_as, refuse)
+                    stack.callback(setattr, module, held_as, original)
+        yield
+
+
+@contextmanager
+def environment(overrides: dict):
+    saved = {k: os.environ.get(k) for k in overrides}
+    os.environ.update({k: v for k, v in overrides.items() if v is not None})
+    for k, v in overrides.items():
+        if v is None:
+            os.environ.pop(k, None)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+class Child:
+    def __init__(self, lesson: int):
+        self.lesson = lesson
+        self.handles = Handles()
+        self.module = None
+        self.import_error: BaseException | None = None
+        self.world = False
+
+    def exercises(self):
+        if self.module is None and self.import_error is None:
+            from ddpcourse.exercises import load_exercises
+            try:
+                self.module = load_exercises(self.lesson)
+            except BaseException as error:  # the submission's code: anything can come out
+                self.import_error = error
+        if self.import_error is not None:
+            raise RuntimeError("could not import the exercises: " + " ".join(
+                f"{type(self.import_error).__name__}: {self.import_error}".split())[:500])
+        return self.module
+
+    def set_world(self, one: bool) -> None:
+        import torch.distributed as dist
+
+        if one and not dist.is_initialized():
+            dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1,
+                                    timeout=timedelta(seconds=10))
+        elif not one and dist.is_initialized():
+            try:
+                dist.destroy_process_group()
+            except Exception:
+                pass
+        self.world = one
+
+    def handle(self, request: dict):
+        op = request["op"]
+        if op == "world":
+            self.set_world(request["one"])
+            return None
+        if op == "job":
+            from ddpcourse.cluster.launch import launch
+
+            result = launch(request["worker"], request.get("script_args") or [], capture=True,
+                            echo=False, **request["launch"])
+            return {"returncode": result.returncode, "stdout": result.stdout[-2_000_000:],
+                    "stderr": result.stderr[-200_000:]}
+        module = self.exercises()
+        args = from_judge(request.get("args", ()), self.handles)
+        kwargs = from_judge(request.get("kwargs", {}), self.handles)
+        with environment(request.get("env") or {}), refusing(request.get("refuse") or [], module):
+            if op == "call":
+                value = getattr(module, request["name"])(*args, **kwargs)
+            elif op == "probe":
+                probes = importlib.import_module("probes")
+                value = getattr(probes, request["name"])(module, *args, **kwargs)
+            elif op == "has":
+                value = hasattr(module, request["name"])
+            else:
+                raise ValueError(f"unknown request {op!r}")
+        return to_data(value, self.handles)
+
+
+def serve(requests: int, replies: int, lesson: int) -> None:
+    import torch
+
+    child = Child(lesson)
+    reader = os.fdopen(requests, "rb", buffering=0)
+    writer = os.fdopen(replies, "wb", buffering=0)
+    while True:
+        header = reader.read(8)
+        if len(header) < 8:
+            return
+        request = pickle.loads(read_exactly(reader, struct.unpack("<Q", header)[0]))
+        try:
+            reply = {"seq": request["seq"], "value": child.handle(request)}
+        except BaseException as error:  # SystemExit and pytest.exit included: data, no exit
+            reply = {"seq": request["seq"], "raised": describe_error(error)}
+        buffer = io.BytesIO()
+        try:
+            torch.save(reply, buffer)
+        except Exception as error:
+            buffer = io.BytesIO()
+            torch.save({"seq": request["seq"], "raised": describe_error(
+                TypeError(f"the value returned is not data the grader can read: {error}"))},
+                buffer)
+        data = buffer.getvalue()
+        if len(data) > MAX_REPLY:
+            buffer = io.BytesIO()
+            torch.save({"seq": request["seq"], "raised": describe_error(ValueError(
+                f"the value returned is {len(data)} bytes, more than {MAX_REPLY}"))}, buffer)
+            data = buffer.getvalue()
+        writer.write(struct.pack("<Q", len(data)) + data)
+
+
+def read_exactly(reader, n: int) -> bytes:
+    chunks = []
+    while n:
+        chunk = reader.read(n)
+        if not chunk:
+            raise EOFError
+        chunks.append(chunk)
+        n -= len(chunk)
+    return b"".join(chunks)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--requests", type=int, required=True)
+    parser.add_argument("--replies", type=int, required=True)
+    parser.add_argument("--lesson", type=int, required=True)
+    parser.add_argument("--uid", type=int, default=-1)
+    parser.add_argument("--hide", action="append", default=[])
+    parser.add_argument("--expose", action="append", default=[])
+    args = parser.parse_args()
+    if args.uid >= 0:
+        hide_and_drop(args.hide, args.expose, args.uid)
+        os.chdir(os.environ["HOME"])
+    sys.path.insert(0, os.environ["COURSE_PROBES"])
+    serve(args.requests, args.replies, args.lesson)
+
+
+if __name__ == "__main__":
+    main()
