@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import re
 import subprocess
 import sys
@@ -71,6 +72,7 @@ def launch_for(job, folders: list[str], work: Path) -> subprocess.CompletedProce
         # and restarted up to twice more for each further submission whose code ends the
         # job (workers/lesson6_resume.py's ATTEMPTS): one submission gets job.restarts
         options = grading_module("jobs.py").restartable(job.restarts + 2 * (len(folders) - 1))
+        options["env"] = dict(os.environ, **options["env"])
     return launch(str(GRADING_TESTS / "workers" / job.worker), args, nproc=job.nproc,
                   nnodes=job.nnodes, timeout=job.timeout * len(folders),
                   progress=("### ", job.timeout), capture=True, echo=False, cwd=str(ROOT),

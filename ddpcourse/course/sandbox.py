@@ -70,6 +70,27 @@ class Handle:
         return f"<{self.type_name} in the submission's process>"
 
 
+class Returned:
+    """A dataclass instance the submission returned, as its fields (read-only data)."""
+
+    def __init__(self, type_name: str, fields: dict):
+        object.__setattr__(self, "_type_name", type_name)
+        object.__setattr__(self, "_fields", fields)
+
+    def __getattr__(self, name):
+        try:
+            return self._fields[name]
+        except KeyError:
+            raise AttributeError(f"the {self._type_name} returned has no field {name!r}") \
+                from None
+
+    def __setattr__(self, name, value):
+        raise AttributeError("data the submission returned cannot be changed")
+
+    def __repr__(self):
+        return f"{self._type_name}({', '.join(f'{k}={v!r}' for k, v in self._fields.items())})"
+
+
 def real_python() -> str:
     """The interpreter itself, never the test suite's fork-server stand-in (whose children
     would be forks of a root process outside the sandbox)."""
@@ -476,6 +497,8 @@ def from_data(obj):
             return set(from_data(obj["__set__"]))
         if keys == {"__ndarray__"}:
             return obj["__ndarray__"].numpy()
+        if keys == {"__object__", "fields"} and isinstance(obj["fields"], dict):
+            return Returned(str(obj["__object__"]), from_data(obj["fields"]))
         if keys == {"__repr__"}:
             return str(obj["__repr__"])
         return {from_data(k): from_data(v) for k, v in obj.items()}

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import builtins
 import ctypes
+import dataclasses
 import fcntl
 import importlib
 import io
@@ -118,6 +119,10 @@ def to_data(obj, handles: Handles, depth: int = 0):
                 for k, v in obj.items()}
     if isinstance(obj, (set, frozenset)):
         return {"__set__": [to_data(v, handles, depth + 1) for v in obj]}
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {"__object__": type(obj).__name__, "fields": {
+            f.name: to_data(getattr(obj, f.name), handles, depth + 1)
+            for f in dataclasses.fields(obj)}}
     if isinstance(obj, (torch.dtype, torch.device)):
         return {"__repr__": str(obj)}
     return handles.keep(obj)
@@ -232,10 +237,17 @@ class Child:
             self.set_world(request["one"])
             return None
         if op == "job":
+            import tempfile
+
             from ddpcourse.cluster.launch import launch
 
-            result = launch(request["worker"], request.get("script_args") or [], capture=True,
-                            echo=False, **request["launch"])
+            options = dict(request["launch"])
+            request["script_args"] = [tempfile.mkdtemp() if a == "@workdir" else a
+                                      for a in request.get("script_args") or []]
+            options["env"] = dict(os.environ, **options.get("env", {}))
+            result = launch(os.path.join(os.environ["PYTHONPATH"], request["worker"]),
+                            request.get("script_args") or [], capture=True, echo=False,
+                            cwd=os.environ["HOME"], **options)
             return {"returncode": result.returncode, "stdout": result.stdout[-2_000_000:],
                     "stderr": result.stderr[-200_000:]}
         module = self.exercises()

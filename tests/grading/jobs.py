@@ -14,17 +14,27 @@ import json
 import os
 import signal
 import subprocess
-from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import timedelta
 from pathlib import Path
 
-import torch.distributed as dist
-
-from ddpcourse.cluster.launch import launch
+from ddpcourse.course.sandbox import Submission
 
 WORKERS = Path(__file__).parent / "workers"
 _results: dict[str, subprocess.CompletedProcess] = {}
+_graded: dict[str, Submission] = {}  # the submission of the lesson being graded
+
+
+def graded(lesson: int):
+    """The body of each grading module's `ex` fixture: the submission's exercises of
+    `lesson`, reached only through its sandboxed process (ddpcourse/course/sandbox.py);
+    ended, with all it started, when the module's tests are done."""
+    submission = Submission(lesson)
+    _graded["now"] = submission
+    try:
+        yield submission
+    finally:
+        submission.close()
+        _graded.pop("now", None)
 
 
 @dataclass(frozen=True)
@@ -45,6 +55,7 @@ def run_job(job: Job, **launch_args) -> subprocess.CompletedProcess:
     name, worker = job.name, job.worker
     launch_args = {"nproc": job.nproc, "nnodes": job.nnodes, "timeout": job.timeout,
                    **(restartable(job.restarts) if job.restarts else {}), **launch_args}
+    script_args = launch_args.pop("script_args", [])
     if name not in _results:
         replay = os.environ.get("COURSE_GRADING_JOBS", "").strip()
         if replay:
@@ -52,9 +63,10 @@ def run_job(job: Job, **launch_args) -> subprocess.CompletedProcess:
             _results[name] = subprocess.CompletedProcess(
                 worker, saved["returncode"], saved["stdout"], saved["stderr"])
         else:
-            allow_the_launch(launch_args.get("timeout", 600) + 30)
-            _results[name] = launch(str(WORKERS / worker), capture=True, echo=False,
-                                    **launch_args)
+            allow_the_launch(launch_args.get("timeout", 600) + 90)
+            # In the submission's sandbox: its ranks run its code, and what they print is
+            # data to this process.
+            _results[name] = _graded["now"].job(worker, script_args, **launch_args)
     return _results[name]
 
 
@@ -70,7 +82,7 @@ def restartable(restarts: int) -> dict:
     rendezvous, and workers that do not share its store (else the restarted workers find the
     dead ones' addresses: see lessons/lesson6/README.md)."""
     return {"rdzv": "c10d", "torchrun_args": [f"--max-restarts={restarts}"],
-            "env": dict(os.environ, TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")}
+            "env": {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}}
 
 
 def allow_the_launch(seconds: float) -> None:
@@ -97,15 +109,3 @@ def verdict(stdout: str, name: str) -> str:
     lines = [line for line in stdout.splitlines() if line.startswith(f"{name}: ")]
     assert len(lines) == 1, stdout[-3000:]
     return lines[0]
-
-
-@contextmanager
-def world_of_one():
-    """A one-process gloo group inside the test process: enough to call the code once, and
-    fail at once if it is a stub, before a job is launched."""
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1,
-                            timeout=timedelta(seconds=10))
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()

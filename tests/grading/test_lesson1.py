@@ -3,9 +3,8 @@
 import os
 
 import pytest
-from jobs import Job, run_job
+from jobs import Job, graded, run_job
 
-from ddpcourse.exercises import load_exercises
 from ddpcourse.topology import Process
 
 # world size -> its job: two simulated nodes of two processes
@@ -14,27 +13,17 @@ JOBS = {4: Job("lesson1_W4", "lesson1_identity.py", nproc=2, nnodes=2, timeout=1
 
 @pytest.fixture(scope="module")
 def ex():
-    return load_exercises(1)
+    yield from graded(1)
 
 
 @pytest.fixture(autouse=True)
-def no_course_answer(request, monkeypatch):
+def no_course_answer(ex):
     """ddpcourse.topology.layout is the course's own answer (it draws the diagrams): an
-    exercise that calls it, under any name, fails."""
-    import ddpcourse.topology as topology
-
-    answer = topology.layout
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("ddpcourse.topology.layout is the course's answer: write the "
-                             "arithmetic yourself")
-
-    monkeypatch.setattr(topology, "layout", refuse)
-    if "ex" in request.fixturenames:
-        exercises = request.getfixturevalue("ex")
-        for name, value in list(vars(exercises).items()):
-            if value is answer:
-                monkeypatch.setattr(exercises, name, refuse)
+    exercise that calls it, under any name, fails (refused in the submission's process)."""
+    with ex.options(refuse=[("ddpcourse.topology", "layout",
+                             "ddpcourse.topology.layout is the course's answer: write the "
+                             "arithmetic yourself")]):
+        yield
 
 
 # --- l1_global_rank -----------------------------------------------------------------------

@@ -3,17 +3,13 @@ gradient averaging against DDP, and the DDP loop against one-process training an
 of its points, by its mechanism: which samples each rank read, and the all-reduces that
 averaged the gradients (workers/lesson3_ddp.py watches both)."""
 
-import copy
 import itertools
 import math
 
 import pytest
 import torch
-import torch.nn as nn
-from jobs import Job, report_of, verdict, world_of_one
-from torch.utils.data import DistributedSampler, TensorDataset
-
-from ddpcourse.exercises import load_exercises
+from jobs import Job, graded, report_of, verdict
+from torch.utils.data import DistributedSampler
 
 # world size -> its job
 JOBS = {w: Job(f"lesson3_W{w}", "lesson3_ddp.py", nproc=w) for w in (2, 3)}
@@ -21,7 +17,7 @@ JOBS = {w: Job(f"lesson3_W{w}", "lesson3_ddp.py", nproc=w) for w in (2, 3)}
 
 @pytest.fixture(scope="module")
 def ex():
-    return load_exercises(3)
+    yield from graded(3)
 
 
 # --- l3_batch_and_lr -----------------------------------------------------------------------
@@ -66,16 +62,16 @@ def test_scaled_lr(ex):
 
 # --- l3_sampler_indices --------------------------------------------------------------------
 
-SAMPLER_ITER = DistributedSampler.__iter__  # kept for the expected answers
+SAMPLER_ITER = DistributedSampler.__iter__
 
 
 @pytest.fixture
-def no_distributed_sampler(monkeypatch):
+def no_distributed_sampler(ex):
     """sampler_indices must work the indices out, not ask DistributedSampler for them."""
-    def refuse(self):
-        raise AssertionError("sampler_indices asked DistributedSampler: work the indices out "
-                             "yourself")
-    monkeypatch.setattr(DistributedSampler, "__iter__", refuse)
+    with ex.options(refuse=[("torch.utils.data.distributed", "DistributedSampler.__iter__",
+                             "sampler_indices asked DistributedSampler: work the indices "
+                             "out yourself")]):
+        yield
 
 
 def real_sampler(length, world_size, rank, shuffle=True, seed=0, epoch=0, drop_last=False):
@@ -145,33 +141,25 @@ def job(world_size):
     return report_of(JOBS[world_size])
 
 
-def tiny_model():
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(12, 16), nn.Tanh(), nn.Linear(16, 4))
-
-
 @pytest.mark.l3_average_gradients
 @pytest.mark.points(4)
 def test_average_gradients_matches_ddp_on_three_processes(ex):
-    model = tiny_model()
-    model(torch.randn(3, 12)).sum().backward()
-    before = [p.grad.clone() for p in model.parameters()]
-    with world_of_one():  # fail fast, before paying for a launch
-        ex.average_gradients(model)
-    assert all(torch.allclose(p.grad, b) for p, b in zip(model.parameters(), before,
-                                                          strict=True))
+    with ex.world_of_one():  # fail fast, before paying for a launch
+        before, after = ex.probe("average_gradients_once", torch.randn(3, 12))
+    assert len(after) == len(before) and all(
+        isinstance(a, torch.Tensor) and a.shape == b.shape and torch.allclose(a, b)
+        for a, b in zip(after, before, strict=True))
     line = verdict(job(3), "average_gradients")
     assert line == "average_gradients: ok on 3 ranks", line
 
 
 def train_ddp_once_in_process(ex):
     x, y = torch.randn(30, 12), torch.randint(0, 4, (30,))
-    model = tiny_model()
-    start = copy.deepcopy(model.state_dict())
-    with world_of_one():  # fail fast, before paying for a launch
-        trained = ex.train_ddp(model, TensorDataset(x, y), global_batch=8, epochs=1, lr=0.1)
-    assert isinstance(trained, nn.Module)
-    assert any(not torch.equal(p, start[n]) for n, p in trained.state_dict().items())
+    with ex.world_of_one():  # fail fast, before paying for a launch
+        is_module, start, trained = ex.probe("train_ddp_once", x, y)
+    assert is_module is True, "train_ddp must return the trained model"
+    assert any(isinstance(p, torch.Tensor) and n in start and p.shape == start[n].shape
+               and not torch.equal(p, start[n]) for n, p in trained.items())
 
 
 @pytest.mark.l3_ddp_step

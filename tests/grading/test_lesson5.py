@@ -3,14 +3,10 @@ expands as `scontrol show hostnames` expands it, and SLURM refuses the lists wit
 their last bracket, the one form the course adds (tests/project/test_lesson5_exercises.py checks
 both wherever SLURM is installed). The devices are checked in a real two-node job as well."""
 
-import os
 import re
-import subprocess
 
 import pytest
-from jobs import Job, run_job
-
-from ddpcourse.exercises import load_exercises
+from jobs import Job, graded, run_job
 
 # world size -> its job: two simulated nodes of two processes
 JOBS = {4: Job("lesson5_W4", "lesson5_devices.py", nproc=2, nnodes=2, timeout=120)}
@@ -18,17 +14,15 @@ JOBS = {4: Job("lesson5_W4", "lesson5_devices.py", nproc=2, nnodes=2, timeout=12
 
 @pytest.fixture(scope="module")
 def ex():
-    return load_exercises(5)
+    yield from graded(5)
 
 
 @pytest.fixture
-def no_scontrol(monkeypatch):
+def no_scontrol(ex):
     """expand_nodelist must do the expanding, not ask SLURM's `scontrol show hostnames`."""
-    def refuse(*args, **kwargs):
-        raise AssertionError("expand_nodelist asked another program (scontrol?): expand the "
-                             "list yourself")
-    monkeypatch.setattr(subprocess, "Popen", refuse)
-    monkeypatch.setattr(os, "system", refuse)
+    why = "expand_nodelist asked another program (scontrol?): expand the list yourself"
+    with ex.options(refuse=[("subprocess", "Popen", why), ("os", "system", why)]):
+        yield
 
 
 def outcome(call):

@@ -9,16 +9,13 @@ this process), by the gradient values the real DDP all-reduces per optimizer ste
 the loss it returns. The checks that need several ranks run in one torchrun job per world
 size (workers/lesson7_checks.py), in the world group and in sub-groups of it."""
 
-import copy
-from contextlib import contextmanager
 
 import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from jobs import Job, report_of, verdict, world_of_one
-
-from ddpcourse.exercises import load_exercises
+from jobs import Job, graded, report_of, verdict
+from probes import accumulation_data, small_model
 
 # world size -> its job
 JOBS = {w: Job(f"lesson7_W{w}", "lesson7_checks.py", nproc=w) for w in (2, 3)}
@@ -26,7 +23,7 @@ JOBS = {w: Job(f"lesson7_W{w}", "lesson7_checks.py", nproc=w) for w in (2, 3)}
 
 @pytest.fixture(scope="module")
 def ex():
-    return load_exercises(7)
+    yield from graded(7)
 
 
 def once(check):
@@ -93,21 +90,17 @@ def test_bucket_assignment_fills_buckets_from_the_last_parameter(ex):
 def bucketed_in_one_process(ex):
     """Fail fast, before paying for a launch: in a world of one the averaged gradients are
     the gradients themselves."""
+    with ex.world_of_one():
+        steps = ex.probe("bucketed_in_one_process")
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))
-    plain = copy.deepcopy(model)
-    with world_of_one():
-        averager = ex.BucketedAllReduce(model, bucket_cap_bytes=100)
-        for step in range(2):
-            x = torch.randn(5, 6)
-            model.zero_grad()
-            plain.zero_grad()
-            model(x).square().sum().backward()
-            plain(x).square().sum().backward()
-            averager.finish()
-            for p, q in zip(model.parameters(), plain.parameters(), strict=True):
-                assert p.grad is not None and torch.allclose(p.grad, q.grad), \
-                    f"step {step + 1}: in a world of one the gradients changed"
+    plain = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))
+    for step, (x, grads) in enumerate(steps):
+        plain.zero_grad()
+        plain(x).square().sum().backward()
+        for g, q in zip(grads, plain.parameters(), strict=True):
+            assert isinstance(g, torch.Tensor) and g.shape == q.grad.shape and \
+                torch.allclose(g, q.grad), \
+                f"step {step + 1}: in a world of one the gradients changed"
 
 
 @pytest.mark.l7_bucketed_allreduce
@@ -150,8 +143,9 @@ def sync_bn_in_one_process(ex):
     """Fail fast: in a world of one it is plain batch norm."""
     x = torch.randn(6, 3, 2, 2) * 2 + 1
     weight, bias = torch.rand(3) + 0.5, torch.randn(3)
-    with world_of_one():
+    with ex.world_of_one():
         got = ex.sync_batch_norm(x, None, None, weight, bias)
+    assert isinstance(got, torch.Tensor) and got.shape == x.shape, "not a tensor of x's shape"
     want = F.batch_norm(x, None, None, weight, bias, training=True)
     assert torch.allclose(got, want, rtol=1e-4, atol=1e-4), \
         "in a world of one the output is not batch norm's"
@@ -204,37 +198,6 @@ def test_sync_batch_norm_communicates_statistics_not_the_batch(ex, world_size):
 
 # --- l7_accumulate_no_sync ----------------------------------------------------------------
 
-def small_model():
-    torch.manual_seed(3)
-    return nn.Sequential(nn.Linear(10, 16), nn.Tanh(), nn.Linear(16, 3))
-
-
-class StandInForDDP(nn.Module):
-    """What accumulation_step sees of DDP in a one-process test, without a process group:
-    the module, and no_sync(). As DDP does, it decides at each forward whether the backward
-    that follows would all-reduce the gradients (outside no_sync, with grad enabled), and
-    notes the decision. The real DDP grades the same code in the job."""
-
-    def __init__(self, module):
-        super().__init__()
-        self.module = module
-        self.require_backward_grad_sync = True
-        self.synced: list[bool] = []  # per forward: would its backward all-reduce?
-
-    @contextmanager
-    def no_sync(self):
-        before = self.require_backward_grad_sync
-        self.require_backward_grad_sync = False
-        try:
-            yield
-        finally:
-            self.require_backward_grad_sync = before
-
-    def forward(self, *args, **kwargs):
-        self.synced.append(self.require_backward_grad_sync and torch.is_grad_enabled())
-        return self.module(*args, **kwargs)
-
-
 def mean_loss(model, micro_batches) -> float:
     """The mean of the micro-batches' losses, with the model as it is now."""
     with torch.no_grad():
@@ -243,27 +206,21 @@ def mean_loss(model, micro_batches) -> float:
 
 
 def accumulate_in_one_process(ex, k, steps=2):
-    """After `steps` accumulation steps of k micro-batches of 4: the trained model, the
-    reference, per step the forwards' all-reduce decisions, per step the batch sizes the
-    model itself saw, and per step (the loss returned, the mean loss before the step)."""
-    g = torch.Generator().manual_seed(k)
-    data = [[(torch.randn(4, 10, generator=g), torch.randint(0, 3, (4,), generator=g))
-             for _ in range(k)] for _ in range(steps)]
+    """After `steps` accumulation steps of k micro-batches of 4 (in the submission's process,
+    probes.py): the trained parameters, the reference trained here, per step the forwards'
+    all-reduce decisions, per step the batch sizes the model itself saw, and per step (the
+    loss returned, the mean loss before the step, computed here)."""
+    data = accumulation_data(k, steps)
+    trained, starts, decisions, sizes, returned = ex.probe("accumulate_in_one_process", k,
+                                                           steps)
     model = small_model()
-    reference = copy.deepcopy(model)
-    wrapped = StandInForDDP(model)
-    optimizer = torch.optim.SGD(wrapped.parameters(), lr=0.1, momentum=0.9)
-    decisions, sizes, losses = [], [], []
-    # On the model itself, so a forward through ddp_model.module counts too.
-    model.register_forward_pre_hook(lambda module, args: sizes[-1].append(len(args[0])))
-    for micro_batches in data:
-        before = small_model()  # the parameters this step starts from, without the hook
-        before.load_state_dict(model.state_dict())
-        wrapped.synced = []
-        sizes.append([])
-        got = ex.accumulation_step(wrapped, optimizer, micro_batches, F.cross_entropy)
+    model.load_state_dict(trained)
+    losses = []
+    for start, micro_batches, got in zip(starts, data, returned, strict=True):
+        before = small_model()  # the parameters this step started from
+        before.load_state_dict(start)
         losses.append((got, mean_loss(before, micro_batches)))
-        decisions.append(wrapped.synced)
+    reference = small_model()
     optimizer = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
     for micro_batches in data:
         x = torch.cat([x for x, _ in micro_batches])

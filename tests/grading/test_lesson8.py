@@ -6,15 +6,11 @@ with one process and, for most of their points, watch their mechanism: the optim
 each rank keeps and the bytes step() communicates; the messages between the pipeline's
 stages, and what it must refuse before it sends anything."""
 
-import importlib
 
 import pytest
 import torch
 import torch.nn as nn
-from jobs import Job, report_of, verdict, world_of_one
-from torch.distributed.optim import ZeroRedundancyOptimizer
-
-from ddpcourse.exercises import load_exercises
+from jobs import Job, graded, report_of, verdict
 
 # world size -> its job
 JOBS = {w: Job(f"lesson8_W{w}", "lesson8_parallel.py", nproc=w) for w in (2, 3)}
@@ -22,33 +18,28 @@ JOBS = {w: Job(f"lesson8_W{w}", "lesson8_parallel.py", nproc=w) for w in (2, 3)}
 
 @pytest.fixture(scope="module")
 def ex():
-    return load_exercises(8)
+    yield from graded(8)
+
+
+REFUSED_ANSWERS = ("predict", "plan_table", "zero_owners", "zero_stage_bytes", "stage_table",
+                   "bytes_per_parameter")
 
 
 @pytest.fixture(autouse=True)
-def ready_made_answers_refused(request, monkeypatch):
+def ready_made_answers_refused(ex):
     """The course's own arithmetic (ddpcourse.sharding, behind the lesson's tables) and
-    torch's ZeroRedundancyOptimizer raise while the graded code runs, under any name."""
-    def refuse(what):
-        def refused(*args, **kwargs):
-            raise AssertionError(f"{what} is a ready-made answer: write this one yourself")
-        return refused
+    torch's ZeroRedundancyOptimizer raise while the graded code runs, under any name (in the
+    submission's process)."""
+    def why(what):
+        return f"{what} is a ready-made answer: write this one yourself"
 
-    monkeypatch.setattr(ZeroRedundancyOptimizer, "__init__", refuse("ZeroRedundancyOptimizer"))
-    try:
-        sharding = importlib.import_module("ddpcourse.sharding")
-    except ImportError:
-        return
-    exercises = request.getfixturevalue("ex") if "ex" in request.fixturenames else None
-    for name in ("predict", "plan_table", "zero_owners", "zero_stage_bytes", "stage_table",
-                 "bytes_per_parameter"):
-        answer = getattr(sharding, name, None)
-        if answer is None:
-            continue
-        monkeypatch.setattr(sharding, name, refuse(f"ddpcourse.sharding.{name}"))
-        for held_as, value in list(vars(exercises).items()) if exercises else []:
-            if value is answer:
-                monkeypatch.setattr(exercises, held_as, refuse(f"ddpcourse.sharding.{name}"))
+    import ddpcourse.sharding as sharding
+    refused = [("torch.distributed.optim", "ZeroRedundancyOptimizer.__init__",
+                why("ZeroRedundancyOptimizer"))]
+    refused += [("ddpcourse.sharding", name, why(f"ddpcourse.sharding.{name}"))
+                for name in REFUSED_ANSWERS if hasattr(sharding, name)]
+    with ex.options(refuse=refused):
+        yield
 
 
 # --- l8_memory_calculator ------------------------------------------------------------------
@@ -182,15 +173,12 @@ def first_call(ex, exercise):
     per grading run): an unfinished one fails here, in a second, not after a launch."""
     if exercise not in _first_calls:
         try:
-            with world_of_one():
+            with ex.world_of_one():
                 if exercise == "zero1":
-                    model = nn.Linear(3, 2)
-                    zero = ex.Zero1Optimizer(model.parameters(), torch.optim.SGD, lr=0.1)
-                    model(torch.ones(1, 3)).sum().backward()
-                    zero.step()
+                    ex.probe("zero1_first_call")
                 else:  # it must refuse a world of one; code that does not is stopped at its
                     # stage, before it waits for a second rank that is not there
-                    ex.pipeline_step(stage_that_must_not_run(), torch.ones(2, 2), 2, (1, 2))
+                    ex.probe("pipeline_in_a_world_of_one", (2, 2), 2, (1, 2))
             _first_calls[exercise] = None
         except NotImplementedError as error:
             _first_calls[exercise] = f"not written yet: {error}"
@@ -203,49 +191,30 @@ def first_call(ex, exercise):
 _first_calls: dict[str, str | None] = {}
 
 
-class RanTheStage(Exception):
-    pass
-
-
-def stage_that_must_not_run():
-    def refuse(module, args):
-        raise RanTheStage("the stage ran: pipeline_step must refuse a group that is not two "
-                          "ranks before it runs anything")
-    stage = nn.Sequential(nn.Linear(2, 2), nn.Tanh())
-    stage.register_forward_pre_hook(refuse)
-    return stage
-
-
 # --- l8_zero1_optimizer --------------------------------------------------------------------
 
 @pytest.mark.l8_zero1_optimizer
 @pytest.mark.points(1)
 def test_zero1_in_a_world_of_one_is_the_plain_optimizer(ex):
     """In a world of one, Zero1Optimizer is the optimizer it wraps: one rank owns all."""
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))
-    reference = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))
-    reference.load_state_dict(model.state_dict())
-    plain = torch.optim.Adam(reference.parameters(), lr=0.05)
     x, y = torch.randn(5, 6), torch.randint(0, 3, (5,))
-    with world_of_one():
-        zero = ex.Zero1Optimizer(model.parameters(), torch.optim.Adam, lr=0.05)
-        for _ in range(2):
-            nn.functional.cross_entropy(model(x), y).backward()
-            zero.step()
-            zero.zero_grad()
-        assert all(p.grad is None for p in model.parameters())
-        nn.functional.cross_entropy(model(x), y).backward()
-        zero.zero_grad(set_to_none=False)
+    with ex.world_of_one():
+        seen = ex.probe("zero1_in_a_world_of_one", x, y)
+    torch.manual_seed(0)
+    reference = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))
+    plain = torch.optim.Adam(reference.parameters(), lr=0.05)
     for _ in range(2):
         nn.functional.cross_entropy(reference(x), y).backward()
         plain.step()
         plain.zero_grad()
-    assert list(zero.owners) == [0, 0, 0, 0]
-    assert all(p.grad is not None and not p.grad.any() for p in model.parameters()), \
+    assert seen["grads_none"] is True
+    assert seen["owners"] == [0, 0, 0, 0]
+    assert all(isinstance(g, torch.Tensor) and not g.any() for g in seen["grads_after"]), \
         "zero_grad(set_to_none=False) must leave zeros, not None"
-    for p, q in zip(model.parameters(), reference.parameters(), strict=True):
-        assert torch.allclose(p, q, atol=1e-6)
+    assert len(seen["params"]) == 4
+    for p, q in zip(seen["params"], reference.parameters(), strict=True):
+        assert isinstance(p, torch.Tensor) and p.shape == q.shape and \
+            torch.allclose(p, q, atol=1e-6)
 
 
 @pytest.mark.l8_zero1_optimizer
@@ -317,8 +286,8 @@ def test_zero1_balances_the_shards_by_size(ex):
 def test_pipeline_refuses_a_group_that_is_not_two_ranks(ex):
     """A world of one (here), a group of one and the world of three (in the jobs): a
     one-line ValueError, before the stage runs or any message is tried."""
-    with world_of_one(), pytest.raises(ValueError) as refused:
-        ex.pipeline_step(stage_that_must_not_run(), torch.randn(4, 2), 2, (2, 2))
+    with ex.world_of_one(), pytest.raises(ValueError) as refused:
+        ex.probe("pipeline_in_a_world_of_one", (4, 2), 2, (2, 2))
     assert "\n" not in str(refused.value).strip(), str(refused.value)
     first_call(ex, "pipeline")
     assert_ok(2, "pipeline_group_refused")

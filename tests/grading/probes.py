@@ -1,0 +1,404 @@
+"""Grader code that must run beside the submission, in its sandboxed process.
+
+A grading test calls `ex.probe("name", ...)`: the function here runs in the submission's
+process (ddpcourse/course/sandbox_child.py) with the exercises module as its first argument
+and returns data only; the test judges that data in its own process. A probe observes what
+only the submission's process can see (a tensor changed in place, a forward's decision, the
+global generator, a rename); what it reports the submission could forge, so every probe's
+result that can be recomputed is recomputed by the judge (tests/grading/README.md).
+"""
+
+import io
+import os
+import random
+from contextlib import contextmanager
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+# --- lesson 3 --------------------------------------------------------------------------------
+
+
+def tiny_model():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(12, 16), nn.Tanh(), nn.Linear(16, 4))
+
+
+def average_gradients_once(ex, x):
+    """The gradients of tiny_model on x before and after average_gradients in a world of one."""
+    model = tiny_model()
+    model(x).sum().backward()
+    before = [p.grad.clone() for p in model.parameters()]
+    ex.average_gradients(model)
+    return before, [None if p.grad is None else p.grad for p in model.parameters()]
+
+
+def train_ddp_once(ex, x, y):
+    """(whether train_ddp returned a module, its state before and after) in a world of one."""
+    from torch.utils.data import TensorDataset
+
+    model = tiny_model()
+    start = {k: v.clone() for k, v in model.state_dict().items()}
+    trained = ex.train_ddp(model, TensorDataset(x, y), global_batch=8, epochs=1, lr=0.1)
+    if not isinstance(trained, nn.Module):
+        return False, start, {}
+    return True, start, dict(trained.state_dict())
+
+
+# --- lesson 4 --------------------------------------------------------------------------------
+
+def ring_all_reduce_once(ex, x):
+    returned = ex.ring_all_reduce(x)
+    return x, returned is x
+
+
+def all_gather_once(ex, out, x):
+    ex.all_gather_p2p(out, x)
+    return out
+
+
+def tree_broadcast_once(ex, x, root):
+    ex.tree_broadcast(x, root)
+    return x
+
+
+def node_group_once(ex):
+    group = ex.node_group()
+    x = torch.tensor([3.0])
+    ex.node_leader_broadcast(x, group)
+    return dist.get_process_group_ranks(group), x
+
+
+# --- lesson 6 --------------------------------------------------------------------------------
+
+def global_generator_after(ex, seed, *args):
+    """resume_indices' answer, and whether torch's global generator is as it was."""
+    torch.manual_seed(seed)
+    before = torch.get_rng_state()
+    mine = ex.resume_indices(*args)
+    return mine, torch.equal(torch.get_rng_state(), before)
+
+
+def capture_and_restore_once(ex):
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.BatchNorm1d(2))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, 1)
+    state = ex.capture_state(model, optimizer, scheduler, torch.Generator(),
+                             {"epoch": 0, "start": 0, "step": 0})
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    buffer.seek(0)
+    ex.restore_state(torch.load(buffer, weights_only=False), model, optimizer, scheduler,
+                     torch.Generator())
+
+
+def snapshot_state():
+    """A snapshot as the course writes them: tensors, numbers, and Python's and NumPy's
+    generator states (which torch.load's default, weights_only=True, refuses)."""
+    import numpy as np
+
+    random.seed(5)
+    np.random.seed(5)
+    return {"weights": torch.arange(6.0), "step": 12, "python_rng": random.getstate(),
+            "numpy_rng": np.random.get_state()}
+
+
+def scratch(name):
+    """A fresh folder in the submission's own writable space."""
+    folder = os.path.join(os.environ.get("TMPDIR", "/tmp"), "probe", name)
+    os.makedirs(os.path.dirname(folder), exist_ok=True)
+    return folder
+
+
+def step_in(path):
+    """The step a snapshot file holds, read by the probe (never by the judge, which does not
+    unpickle what a submission wrote)."""
+    try:
+        return int(torch.load(path, weights_only=False)["step"])
+    except Exception as error:
+        return f"unreadable: {type(error).__name__}"
+
+
+def load_summary(ex, path, **kwargs):
+    state, used = ex.load_snapshot(path, **kwargs)
+    return {"used": used, "step": state.get("step"), "weights": state.get("weights"),
+            "python_rng_same": state.get("python_rng") == snapshot_state()["python_rng"],
+            "numpy_rng_kind": (state.get("numpy_rng") or [None])[0]}
+
+
+def saved_twice(ex):
+    path = os.path.join(scratch("saved_twice"), "new", "snap.pt")
+    ex.save_snapshot(snapshot_state(), path)
+    first = load_summary(ex, path)
+    ex.save_snapshot({"step": 13}, path)
+    return {"path": path, "first": first, "on_disk": step_in(path),
+            "prev_on_disk": step_in(path + ".prev"), "second": load_summary(ex, path)}
+
+
+def replace_everywhere(stack, ex, module, name, replacement):
+    """module.<name> replaced, and the submission's own name for it (`from os import replace`),
+    until the stack closes."""
+    original = getattr(module, name)
+    setattr(module, name, replacement)
+    stack.append((module, name, original))
+    if getattr(ex, name, None) is original:
+        setattr(ex, name, replacement)
+        stack.append((ex, name, original))
+
+
+@contextmanager
+def replaced(ex, replacements):
+    stack = []
+    try:
+        for module, name, replacement in replacements:
+            replace_everywhere(stack, ex, module, name, replacement)
+        yield
+    finally:
+        for owner, name, original in reversed(stack):
+            setattr(owner, name, original)
+
+
+def crash_while_writing(ex):
+    """torch.save dies half-way through the second save: what is on disk afterwards."""
+    path = os.path.join(scratch("crash"), "snap.pt")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    ex.save_snapshot({"step": 1}, path)
+    real_save = torch.save
+
+    def dies_half_way(obj, f, *args, **kwargs):
+        buffer = io.BytesIO()
+        real_save(obj, buffer)
+        data = buffer.getvalue()[: len(buffer.getvalue()) // 2]
+        if hasattr(f, "write"):
+            f.write(data)
+            f.flush()
+        else:
+            with open(f, "wb") as out:
+                out.write(data)
+        raise OSError(28, "No space left on device")
+
+    raised = None
+    with replaced(ex, [(torch, "save", dies_half_way)]):
+        try:
+            ex.save_snapshot({"step": 2, "weights": torch.zeros(1000)}, path)
+        except OSError as error:
+            raised = type(error).__name__
+    return {"path": path, "raised": raised, "on_disk": step_in(path),
+            "loaded": load_summary(ex, path)}
+
+
+class WatchedFiles:
+    """Records every rename (os.replace, os.rename, and what calls them: shutil.move,
+    Path.replace) and whether its source had been fsynced with all its bytes by then."""
+
+    def __init__(self):
+        self.renames = []   # (source, destination, synced)
+        self.synced = set()  # (device, inode, size) of files at the moment they were fsynced
+
+    def replacements(self):
+        return [(os, name, watch(getattr(os, name))) for name, watch in
+                [("replace", self.renaming), ("rename", self.renaming),
+                 ("fsync", self.syncing), ("fdatasync", self.syncing)]]
+
+    def renaming(self, real):
+        def rename(source, destination, *args, **kwargs):
+            try:
+                facts = os.stat(source)
+                synced = (facts.st_dev, facts.st_ino, facts.st_size) in self.synced
+            except OSError:  # the rename itself will say what is wrong
+                synced = False
+            self.renames.append((os.path.realpath(source), os.path.realpath(destination),
+                                 synced))
+            return real(source, destination, *args, **kwargs)
+        return rename
+
+    def syncing(self, real):
+        def sync(fd):
+            facts = os.fstat(fd if isinstance(fd, int) else fd.fileno())
+            self.synced.add((facts.st_dev, facts.st_ino, facts.st_size))
+            return real(fd)
+        return sync
+
+    def arrivals(self, path):
+        """(source, synced) of each rename that put a file at `path`."""
+        return [(source, synced) for source, destination, synced in self.renames
+                if destination == os.path.realpath(path)]
+
+
+def two_saves(ex):
+    """save_snapshot into a new folder, then over that snapshot, watched: the snapshot's
+    real path and [renames onto it at each save]."""
+    path = os.path.join(scratch("two_saves"), "run", "snap.pt")
+    arrivals = []
+    for step in (1, 2):
+        watched = WatchedFiles()
+        with replaced(ex, watched.replacements()):
+            ex.save_snapshot({"step": step, "weights": torch.zeros(1000)}, path)
+        arrivals.append(watched.arrivals(path))
+    return os.path.realpath(path), arrivals
+
+
+def damaged(ex):
+    path = os.path.join(scratch("damaged"), "snap.pt")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    ex.save_snapshot({"step": 1}, path)
+    ex.save_snapshot({"step": 2}, path)
+    data = open(path, "rb").read()
+    with open(path, "wb") as f:  # truncated, as by a copy that stopped
+        f.write(data[: len(data) // 3])
+    truncated = load_summary(ex, path)
+    with open(path, "wb") as f:  # garbage
+        f.write(b"not a snapshot at all" * 10)
+    return {"path": path, "truncated": truncated, "garbage": load_summary(ex, path)}
+
+
+def no_usable_snapshot(ex, missing):
+    """Raises what load_snapshot raises for a file of zeros (or a missing one)."""
+    folder = scratch("unusable")
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, "missing" if missing else "", "snap.pt")
+    if not missing:
+        with open(path, "wb") as f:
+            f.write(b"\x00" * 64)
+    try:
+        ex.load_snapshot(path)
+    except Exception as error:
+        error.args = (str(error).replace(path, "<path:snap.pt>"),)
+        raise
+    return "loaded"
+
+
+def map_location_used(ex):
+    path = os.path.join(scratch("map_location"), "snap.pt")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    ex.save_snapshot(snapshot_state(), path)
+    seen = []
+
+    def where(storage, location):
+        seen.append(location)
+        return storage
+
+    state, _ = ex.load_snapshot(path, map_location=where)
+    return bool(seen), state.get("weights")
+
+
+# --- lesson 7 --------------------------------------------------------------------------------
+
+def bucketed_in_one_process(ex):
+    """Two steps with BucketedAllReduce in a world of one: each step's gradients after
+    finish() and a plain model's."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))
+    averager = ex.BucketedAllReduce(model, bucket_cap_bytes=100)
+    steps = []
+    for _ in range(2):
+        x = torch.randn(5, 6)
+        model.zero_grad()
+        model(x).square().sum().backward()
+        averager.finish()
+        steps.append((x, [p.grad for p in model.parameters()]))
+    return steps
+
+
+def small_model():
+    torch.manual_seed(3)
+    return nn.Sequential(nn.Linear(10, 16), nn.Tanh(), nn.Linear(16, 3))
+
+
+class StandInForDDP(nn.Module):
+    """What accumulation_step sees of DDP in a one-process test, without a process group:
+    the module, and no_sync(). As DDP does, it decides at each forward whether the backward
+    that follows would all-reduce the gradients (outside no_sync, with grad enabled), and
+    notes the decision. The real DDP grades the same code in the job."""
+
+    def __init__(self, module):
+        super().__init__()
+        self.module = module
+        self.require_backward_grad_sync = True
+        self.synced: list[bool] = []  # per forward: would its backward all-reduce?
+
+    @contextmanager
+    def no_sync(self):
+        before = self.require_backward_grad_sync
+        self.require_backward_grad_sync = False
+        try:
+            yield
+        finally:
+            self.require_backward_grad_sync = before
+
+    def forward(self, *args, **kwargs):
+        self.synced.append(self.require_backward_grad_sync and torch.is_grad_enabled())
+        return self.module(*args, **kwargs)
+
+
+def accumulation_data(k, steps):
+    g = torch.Generator().manual_seed(k)
+    return [[(torch.randn(4, 10, generator=g), torch.randint(0, 3, (4,), generator=g))
+             for _ in range(k)] for _ in range(steps)]
+
+
+def accumulate_in_one_process(ex, k, steps=2):
+    """`steps` accumulation steps of k micro-batches of 4: the parameters after, per step the
+    parameters it started from, the forwards' all-reduce decisions, the batch sizes the
+    model itself saw, and the value returned."""
+    model = small_model()
+    wrapped = StandInForDDP(model)
+    optimizer = torch.optim.SGD(wrapped.parameters(), lr=0.1, momentum=0.9)
+    starts, decisions, sizes, returned = [], [], [], []
+    # On the model itself, so a forward through ddp_model.module counts too.
+    model.register_forward_pre_hook(lambda module, args: sizes[-1].append(len(args[0])))
+    for micro_batches in accumulation_data(k, steps):
+        starts.append({n: p.detach().clone() for n, p in model.state_dict().items()})
+        wrapped.synced = []
+        sizes.append([])
+        returned.append(ex.accumulation_step(wrapped, optimizer, micro_batches,
+                                             F.cross_entropy))
+        decisions.append(wrapped.synced)
+    return dict(model.state_dict()), starts, decisions, sizes, returned
+
+
+# --- lesson 8 --------------------------------------------------------------------------------
+
+class RanTheStage(Exception):
+    pass
+
+
+def stage_that_must_not_run():
+    def refuse(module, args):
+        raise RanTheStage("the stage ran: pipeline_step must refuse a group that is not two "
+                          "ranks before it runs anything")
+    stage = nn.Sequential(nn.Linear(2, 2), nn.Tanh())
+    stage.register_forward_pre_hook(refuse)
+    return stage
+
+
+def pipeline_in_a_world_of_one(ex, batch, micro_batches, shape):
+    return ex.pipeline_step(stage_that_must_not_run(), torch.randn(*batch), micro_batches,
+                            shape)
+
+
+def zero1_first_call(ex):
+    model = nn.Linear(3, 2)
+    zero = ex.Zero1Optimizer(model.parameters(), torch.optim.SGD, lr=0.1)
+    model(torch.ones(1, 3)).sum().backward()
+    zero.step()
+
+
+def zero1_in_a_world_of_one(ex, x, y):
+    """Two Adam steps through Zero1Optimizer in a world of one: the state after, whether
+    zero_grad() left None, the gradients after zero_grad(set_to_none=False), the owners."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))
+    zero = ex.Zero1Optimizer(model.parameters(), torch.optim.Adam, lr=0.05)
+    for _ in range(2):
+        nn.functional.cross_entropy(model(x), y).backward()
+        zero.step()
+        zero.zero_grad()
+    grads_none = all(p.grad is None for p in model.parameters())
+    nn.functional.cross_entropy(model(x), y).backward()
+    zero.zero_grad(set_to_none=False)
+    return {"params": [p.detach() for p in model.parameters()], "grads_none": grads_none,
+            "grads_after": [p.grad for p in model.parameters()],
+            "owners": [int(o) for o in zero.owners]}
