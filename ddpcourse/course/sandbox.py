@@ -427,8 +427,9 @@ class Submission:
     def probe(self, name: str, *args, refuse=(), env=None, **kwargs):
         """tests/grading/probes.py's `name`(exercises, *args, **kwargs), run in the child."""
         return self._request({"op": "probe", "name": name, "args": to_judge(args),
-                              "kwargs": to_judge(kwargs), "refuse": list(refuse),
-                              "env": env or {}})
+                              "kwargs": to_judge(kwargs),
+                              "refuse": [*self._options.get("refuse", []), *refuse],
+                              "env": {**self._options.get("env", {}), **(env or {})}})
 
     @contextmanager
     def options(self, refuse=(), env=None):
