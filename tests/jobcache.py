@@ -2,7 +2,7 @@
 
 The suite sets COURSE_JOB_CACHE to a folder of its own and installs this wrapper around
 `ddpcourse.cluster.launch.launch` in the pytest process (tests/project/conftest.py) and in every
-Python process it starts through the fork server (tests/forkserver.py), notebook kernels
+Python process it starts through the fork server (ddpcourse/course/forkserver.py), notebook kernels
 included. A lesson script (under scripts/) that a test or a notebook launches, captured, with
 exactly the same arguments, shape and settings as earlier in the same test session is not run
 again: its recorded output is handed back. So a notebook and a lesson test that run the same

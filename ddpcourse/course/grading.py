@@ -10,9 +10,9 @@ Commands (the Makefile's `grade` and `grade-class` call these):
     python -m ddpcourse.course.grading class SUBMISSIONS_DIR [--lesson N] [--csv grades.csv]
                                              [--workers K]
 
-A class is graded a lesson at a time: each of the lesson's torchrun jobs is launched once for
-every submission (ddpcourse/course/batched_jobs.py), then each student's grading tests run
-on the student's share of those jobs, K students at a time.
+A class is graded a lesson at a time, K students at a time, each student alone: the grading
+tests (the judge) run in a process of their own that never imports the student's code, which
+runs in a sandbox of its own (ddpcourse/course/sandbox.py).
 """
 
 from __future__ import annotations
@@ -26,13 +26,11 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 import xml.etree.ElementTree as ET
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from ddpcourse.course.batched_jobs import launch_jobs_for_all
 from ddpcourse.course.lessons import exercise_markers
 from ddpcourse.exercises import IMPLS, ROOT
 
@@ -157,9 +155,11 @@ def run_grading(lesson: int | None, out_dir: Path, impl: str = "student",
     replay: a folder of the jobs' results (COURSE_GRADING_JOBS, see tests/grading/jobs.py):
     the tests read them instead of launching the jobs (grading a class).
 
-    If the child dies (a submission that calls os._exit, say), the test that was running
-    scores zero and grading resumes after it, so one bad exercise never costs the others.
-    Each crash uses up one test, so there are at most as many restarts as tests.
+    The child is the judge: it never imports the submission, whose code runs in a sandbox
+    (ddpcourse/course/sandbox.py), so a submission that exits, hangs or crashes fails only
+    the request it was serving. Should the judge itself die all the same (the machine out of
+    memory), the test that was running scores zero and grading resumes after it; each crash
+    uses up one test, so there are at most as many restarts as tests.
 
     Why not pytest-xdist, which also restarts a crashed worker: its controller does not
     collect, so the report of a test that killed its worker carries no exercise marker or
@@ -169,7 +169,8 @@ def run_grading(lesson: int | None, out_dir: Path, impl: str = "student",
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     results = out_dir / "results.json"
-    env = dict(os.environ, COURSE_IMPL=impl, COURSE_RESULTS=str(results))
+    env = dict(os.environ, COURSE_IMPL=impl, COURSE_RESULTS=str(results),
+               COURSE_SANDBOX_HIDE=str(out_dir.resolve()))
     env.pop("COURSE_SUBMISSION", None)
     if submission:
         env["COURSE_SUBMISSION"] = str(Path(submission).resolve())
@@ -203,41 +204,11 @@ def run_grading(lesson: int | None, out_dir: Path, impl: str = "student",
         tests[crashed]["outcome"] = "crashed"
         print(f"grading{who}: {crashed} killed the grading process; it scores zero, "
               "grading goes on", file=sys.stderr)
-        lesson_file = crashed.split("::")[0]
-        problem = import_problem(lesson_file, env)
-        if problem:  # every test of that lesson would die the same way: one check, not N
-            print(f"grading{who}: {problem}; every test of {lesson_file} scores zero",
-                  file=sys.stderr)
-            for nodeid, test in tests.items():
-                if nodeid.startswith(lesson_file + "::") and test["outcome"] == "not run":
-                    test["outcome"] = "crashed"
         deselect = [n for n, t in tests.items() if t["outcome"] != "not run"]
     results.write_text(json.dumps({"finished": True, "tests": tests,
                                    "scores": summarise(tests)}, indent=1))
     merge_junit(junit_parts, tests, out_dir / "junit.xml")
     return tests
-
-
-def import_problem(grading_file: str, env: dict, timeout: float = 60) -> str:
-    """Why importing the exercises graded by `grading_file` kills a process ('' if it does not).
-
-    Asked only after a crash: a module that exits or hangs on import would otherwise kill
-    the grading once for every one of its tests.
-    """
-    match = re.search(r"test_lesson(\d+)\.py$", grading_file)
-    if not match:
-        return ""
-    code = (f"from ddpcourse.exercises import load_exercises; "
-            f"load_exercises({match.group(1)}); print('imported')")
-    try:
-        result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env,
-                                timeout=timeout, capture_output=True)
-    except subprocess.TimeoutExpired:
-        return f"importing lesson {match.group(1)}'s exercises did not finish in {timeout:g} s"
-    if b"imported" not in result.stdout and result.returncode != 1:  # 1: an exception
-        return (f"importing lesson {match.group(1)}'s exercises ended the process "
-                f"(exit status {result.returncode})")
-    return ""
 
 
 def junit_address(nodeid: str) -> tuple[str, str]:
@@ -308,29 +279,19 @@ def graded_lessons() -> list[int]:
 
 def grade_lesson_of_class(lesson: int, students: list[Path], out: Path, timeout: float,
                           workers: int) -> dict[Path, tuple[dict[str, dict], str]]:
-    """{student: (per-test records, why it is not graded or "")} for one lesson: its jobs
-    launched once for the whole class, then every student's grading tests on their share,
-    `workers` students at a time. Results and JUnit go to out/<student>/lesson<N>/, the
-    student's share of each job to its jobs/ folder there."""
+    """{student: (per-test records, why it is not graded or "")} for one lesson, `workers`
+    students at a time. Each student is graded alone: a judge process of its own, and the
+    student's code in a sandbox of its own (ddpcourse/course/sandbox.py), its jobs included,
+    so nothing of one student's reaches another's grading. Results and JUnit go to
+    out/<student>/lesson<N>/."""
     where = {student: out / student.name / f"lesson{lesson}" for student in students}
-    for folder in where.values():
-        shutil.rmtree(folder / "jobs", ignore_errors=True)  # no share from an earlier run
-    started = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix=f"grade-class-lesson{lesson}-") as work:
-        not_graded = launch_jobs_for_all(
-            lesson, {student: where[student] / "jobs" for student in students}, Path(work),
-            say=lambda line: print(f"  {line}", file=sys.stderr, flush=True))
-    print(f"lesson {lesson}: its jobs for {len(students)} submissions in "
-          f"{time.perf_counter() - started:.0f} s", flush=True)
 
     def grade(student: Path) -> tuple[dict[str, dict], str]:
-        if student in not_graded:
-            return {}, not_graded[student]
         tests = run_grading(lesson, where[student], submission=str(student), timeout=timeout,
-                            quiet=True, replay=where[student] / "jobs")
-        return tests, "" if tests else "its grading tests did not run"
+                            quiet=True)
+        return tests, "" if tests else "its grading tests did not run (the grader failed)"
 
-    with ThreadPoolExecutor(workers) as pool:  # each mostly imports torch: one per core
+    with ThreadPoolExecutor(workers) as pool:
         return dict(zip(students, pool.map(grade, students), strict=True))
 
 

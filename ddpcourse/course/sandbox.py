@@ -252,7 +252,10 @@ class Submission:
             if extra and Path(extra).exists():
                 hide.append(Path(extra))
         exposed = dict.fromkeys(os.path.realpath(p) for p in (sys.base_prefix, sys.prefix))
-        return [f"--hide={p}" for p in dict.fromkeys(hide)] + \
+        hide = [Path(os.path.realpath(p)) for p in hide]
+        hide = [p for p in dict.fromkeys(hide)  # a folder inside a hidden one is hidden too
+                if not any(p != q and p.is_relative_to(q) for q in hide)]
+        return [f"--hide={p}" for p in hide] + \
             [f"--expose={p}" for p in exposed]
 
     def _drain(self, proc) -> None:

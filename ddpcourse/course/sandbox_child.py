@@ -27,6 +27,7 @@ import socket
 import struct
 import subprocess
 import sys
+import time
 import traceback
 from contextlib import ExitStack, contextmanager
 from datetime import timedelta
@@ -205,6 +206,8 @@ class Child:
         self.module = None
         self.import_error: BaseException | None = None
         self.world = False
+        self.forks: str | None = None
+        self.server = None
 
     def exercises(self):
         if self.module is None and self.import_error is None:
@@ -231,6 +234,35 @@ class Child:
                 pass
         self.world = one
 
+    def start_fork_server(self) -> str:
+        """Start it now (at the child's start, before any of the submission's code runs), so
+        that it imports torch while the first requests are served."""
+        from ddpcourse.course import forkserver
+
+        folder = os.path.join(os.environ["HOME"], "forkserver")
+        if self.server is None:
+            os.makedirs(folder, exist_ok=True)
+            os.environ["COURSE_FORKSERVER_PRELOAD"] = ("torch,torch.distributed,"
+                                                       "torch.distributed.run,"
+                                                       "torch.nn.parallel,torch.utils.data")
+            self.server = forkserver.start(folder, real=sys.executable)
+        return folder
+
+    def fork_server(self) -> str | None:
+        """The torchrun stand-in of a fork server of this sandbox's own, started once, before
+        the first job: every process of a job is then a fork of a process that has imported
+        torch (a job starts in a second, not in 3.5 s per process). None: the real one."""
+        if self.forks is None:
+            folder = self.start_fork_server()
+            for _ in range(300):
+                if os.path.exists(os.path.join(folder, "server.sock")) or \
+                        self.server.poll() is not None:
+                    break
+                time.sleep(0.1)
+            ready = os.path.exists(os.path.join(folder, "server.sock"))
+            self.forks = os.path.join(folder, "torchrun") if ready else ""
+        return self.forks or None
+
     def handle(self, request: dict):
         op = request["op"]
         if op == "world":
@@ -247,7 +279,7 @@ class Child:
             options["env"] = dict(os.environ, **options.get("env", {}))
             result = launch(os.path.join(os.environ["PYTHONPATH"], request["worker"]),
                             request.get("script_args") or [], capture=True, echo=False,
-                            cwd=os.environ["HOME"], **options)
+                            cwd=os.environ["HOME"], torchrun=self.fork_server(), **options)
             return {"returncode": result.returncode, "stdout": result.stdout[-2_000_000:],
                     "stderr": result.stderr[-200_000:]}
         module = self.exercises()
@@ -270,6 +302,7 @@ def serve(requests: int, replies: int, lesson: int) -> None:
     import torch
 
     child = Child(lesson)
+    child.start_fork_server()
     reader = os.fdopen(requests, "rb", buffering=0)
     writer = os.fdopen(replies, "wb", buffering=0)
     while True:

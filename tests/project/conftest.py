@@ -2,7 +2,7 @@
 
 COURSE_JOB_CACHE: a lesson script's job with the same arguments runs once per session (see
 tests/jobcache.py). COURSE_FORKSERVER: a folder with stand-ins for `python` and `torchrun`
-whose processes are forks of a server that has imported torch (see tests/forkserver.py).
+whose processes are forks of a server that has imported torch (see ddpcourse/course/forkserver.py).
 Set COURSE_FORKSERVER_OFF=1 to run every process with the real interpreter.
 """
 
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import forkserver  # noqa: E402
+from ddpcourse.course import forkserver  # noqa: E402
 import jobcache  # noqa: E402
 from jobcache import JOB_CACHE  # noqa: E402
 

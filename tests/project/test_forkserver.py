@@ -1,4 +1,4 @@
-"""The fork server's stand-ins behave as the real interpreter does (tests/forkserver.py).
+"""The fork server's stand-ins behave as the real interpreter does (ddpcourse/course/forkserver.py).
 
 Every other test runs its processes through them, so these compare the two directly: what a
 program sees (argv, environment, working folder, sys.path, stdin, pids), how it ends (exit

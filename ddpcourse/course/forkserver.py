@@ -17,8 +17,10 @@ children and nested pytest runs are forks too. Where a fork would not be the sam
 stand-in runs the real interpreter instead: another network namespace (lesson 5's hosts),
 options it does not know, no server (yet), or COURSE_FORKSERVER_OFF=1.
 
-Only the project's tests use it (tests/project/conftest.py); `make grade` and the lessons
-always start real interpreters.
+The project's tests use it (tests/project/conftest.py), and so does a grading sandbox for
+its torchrun jobs (ddpcourse/course/sandbox_child.py: a server of its own, inside the sandbox,
+started before any of the submission's code could touch it). The lessons always start real
+interpreters.
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ import sys
 
 # Not matplotlib: it reads MPLBACKEND when imported (a notebook kernel sets it). Not pytest or
 # ipykernel: a nested pytest could not rewrite the asserts of plugins already imported (anyio).
-PRELOAD = ("torch", "torch.distributed", "torch.distributed.run", "torch.nn.parallel",
+PRELOAD = tuple(os.environ.get("COURSE_FORKSERVER_PRELOAD", "").split(",")) if \
+    os.environ.get("COURSE_FORKSERVER_PRELOAD") else ("torch", "torch.distributed", "torch.distributed.run", "torch.nn.parallel",
            "torch.utils.data", "torchvision", "timm", "numpy")
 MAX_FDS = 64
 
