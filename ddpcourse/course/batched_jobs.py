@@ -23,6 +23,7 @@ import importlib.util
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -43,6 +44,7 @@ class Share:
     stdout: str = ""
     stderr: str = ""
     not_graded: str = ""
+    observations: str = ""  # the file of what its checks saw (workers/common.py)
 
     def replay(self) -> dict:
         return {"returncode": self.returncode, "stdout": self.stdout, "stderr": self.stderr}
@@ -65,18 +67,22 @@ def lesson_jobs(lesson: int) -> list:
 
 
 def launch_for(job, folders: list[str], work: Path) -> subprocess.CompletedProcess:
-    """One launch of `job` that grades `folders` one after another."""
+    """One launch of `job` that grades `folders` one after another; the observations of the
+    i-th are in the file result.observed(i)."""
     args, options = ["--submissions", ",".join(folders)], {}
+    observed = Path(tempfile.mkdtemp(prefix=f"{job.name}-observed-", dir=work))
     if job.restarts:  # lesson 6: killed once per launch, in a folder of its own
         args += ["--work", tempfile.mkdtemp(prefix=f"{job.name}-", dir=work)]
         # and restarted up to twice more for each further submission whose code ends the
         # job (workers/lesson6_resume.py's ATTEMPTS): one submission gets job.restarts
         options = grading_module("jobs.py").restartable(job.restarts + 2 * (len(folders) - 1))
-        options["env"] = dict(os.environ, **options["env"])
-    return launch(str(GRADING_TESTS / "workers" / job.worker), args, nproc=job.nproc,
+    options["env"] = dict(os.environ, **options.get("env", {}), COURSE_OBSERVATIONS=str(observed))
+    result = launch(str(GRADING_TESTS / "workers" / job.worker), args, nproc=job.nproc,
                   nnodes=job.nnodes, timeout=job.timeout * len(folders),
                   progress=("### ", job.timeout), capture=True, echo=False, cwd=str(ROOT),
                   **options)
+    result.observed = lambda i: str(observed / f"{i}.pt")
+    return result
 
 
 def read_announcements(stdout: str, folders: list[str]):
@@ -108,11 +114,17 @@ def shares_of(job, folders: list[str], work: Path, say=print) -> dict[str, Share
                f"{result.returncode}): {last}")
         say(why)
         return {folder: Share(not_graded=why) for folder in folders}
+    def observed(folder):
+        return getattr(result, "observed", lambda i: "")(folders.index(folder))
+
     if len(folders) == 1:  # the job of this submission alone: whatever it printed
-        return {folders[0]: Share(result.returncode, result.stdout, result.stderr)}
+        return {folders[0]: Share(result.returncode, result.stdout, result.stderr,
+                                  observations=observed(folders[0]))}
     if result.returncode == 0 and set(reports) == set(folders):
-        return {folder: Share(0, reports[folder]) for folder in folders}
-    shares = {folder: Share(0, reports[folder]) for folder in folders if folder in finished}
+        return {folder: Share(0, reports[folder], observations=observed(folder))
+                for folder in folders}
+    shares = {folder: Share(0, reports[folder], observations=observed(folder))
+              for folder in folders if folder in finished}
     again = [f for f in folders if f not in shares and f != stopped_in]
     say(f"{job.name}: the launch for {len(folders)} submissions stopped (exit status "
         f"{result.returncode}) in {Path(stopped_in).resolve()}: that one is graded alone"
@@ -147,4 +159,6 @@ def launch_jobs_for_all(lesson: int, replay_dirs: dict[Path, Path], work: Path,
             replay = replay_dirs[folder]
             replay.mkdir(parents=True, exist_ok=True)
             (replay / f"{job.name}.json").write_text(json.dumps(share.replay()))
+            if share.observations and Path(share.observations).exists():
+                shutil.copyfile(share.observations, replay / f"{job.name}.pt")
     return not_graded

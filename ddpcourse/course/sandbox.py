@@ -466,8 +466,10 @@ class Submission:
         result = self._request({"op": "job", "worker": workers,
                                 "script_args": list(script_args),
                                 "launch": dict(launch, timeout=timeout)}, timeout=timeout + 60)
-        return subprocess.CompletedProcess(worker, result["returncode"], result["stdout"],
+        done = subprocess.CompletedProcess(worker, result["returncode"], result["stdout"],
                                            result["stderr"])
+        done.observations = result.get("observations")
+        return done
 
 
 def to_judge(obj):

@@ -276,12 +276,18 @@ class Child:
             options = dict(request["launch"])
             request["script_args"] = [tempfile.mkdtemp() if a == "@workdir" else a
                                       for a in request.get("script_args") or []]
-            options["env"] = dict(os.environ, **options.get("env", {}))
+            observations = tempfile.mkdtemp(prefix="observations-")
+            options["env"] = dict(os.environ, **options.get("env", {}),
+                                  COURSE_OBSERVATIONS=observations)
             result = launch(os.path.join(os.environ["PYTHONPATH"], request["worker"]),
                             request.get("script_args") or [], capture=True, echo=False,
                             cwd=os.environ["HOME"], torchrun=self.fork_server(), **options)
+            import torch
+
+            path = os.path.join(observations, "0.pt")
+            observed = torch.load(path, weights_only=True) if os.path.exists(path) else None
             return {"returncode": result.returncode, "stdout": result.stdout[-2_000_000:],
-                    "stderr": result.stderr[-200_000:]}
+                    "stderr": result.stderr[-200_000:], "observations": observed}
         module = self.exercises()
         args = from_judge(request.get("args", ()), self.handles)
         kwargs = from_judge(request.get("kwargs", {}), self.handles)

@@ -17,7 +17,9 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from ddpcourse.course.sandbox import Submission
+import torch
+
+from ddpcourse.course.sandbox import Submission, from_data
 
 WORKERS = Path(__file__).parent / "workers"
 _results: dict[str, subprocess.CompletedProcess] = {}
@@ -62,6 +64,9 @@ def run_job(job: Job, **launch_args) -> subprocess.CompletedProcess:
             saved = json.loads((Path(replay) / f"{name}.json").read_text())
             _results[name] = subprocess.CompletedProcess(
                 worker, saved["returncode"], saved["stdout"], saved["stderr"])
+            observed = Path(replay) / f"{name}.pt"
+            _results[name].observations = from_data(torch.load(observed, weights_only=True)) \
+                if observed.exists() else None
         else:
             allow_the_launch(launch_args.get("timeout", 600) + 90)
             # In the submission's sandbox: its ranks run its code, and what they print is
@@ -109,3 +114,30 @@ def verdict(stdout: str, name: str) -> str:
     lines = [line for line in stdout.splitlines() if line.startswith(f"{name}: ")]
     assert len(lines) == 1, stdout[-3000:]
     return lines[0]
+
+
+def judged(job: Job, verdicts: dict, summarise=lambda problems: "; ".join(problems[:4])) -> str:
+    """The job's report, judged here: one line per verdict, `<name>: ok on W ranks[, note]`
+    or `<name>: FAILED: <problems>`. verdicts: {name: (check, judge)}; judge(every rank's
+    observation of that check) returns (problems, note). The observations are data the
+    submission's sandbox sent (workers/common.py); no line of the job's own output counts."""
+    result = run_job(job)
+    observed = getattr(result, "observations", None)
+    if not isinstance(observed, dict):
+        raise AssertionError("the job left no observations (exit status "
+                             f"{result.returncode}):\n" + (result.stdout + result.stderr)[-3000:])
+    world = job.nproc * job.nnodes
+    lines = []
+    for name, (check, judge) in verdicts.items():
+        per_rank = observed.get(check)
+        if not isinstance(per_rank, list) or len(per_rank) != world or \
+                not all(isinstance(o, dict) for o in per_rank):
+            problems, note = [f"no observations of {check} from {world} ranks"], ""
+        else:
+            problems = [str(o.get("error")) for o in per_rank if "data" not in o]
+            note = ""
+            if not problems:
+                problems, note = judge([o["data"] for o in per_rank])
+        lines.append(f"{name}: FAILED: {summarise(problems)}" if problems else
+                     f"{name}: ok on {world} ranks" + (f", {note}" if note else ""))
+    return "\n".join(lines) + "\n"

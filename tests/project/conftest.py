@@ -16,9 +16,10 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from ddpcourse.course import forkserver  # noqa: E402
 import jobcache  # noqa: E402
 from jobcache import JOB_CACHE  # noqa: E402
+
+from ddpcourse.course import forkserver  # noqa: E402
 
 FORKSERVER = "COURSE_FORKSERVER"
 

@@ -1,11 +1,17 @@
 """What every grading worker does around the code it checks.
 
+A worker runs in the submission's sandbox, beside its code, so it decides nothing: each check
+returns what it observed (the submission's results, the samples it read, the messages it
+sent) as data, and rank 0 writes every rank's observations to the file COURSE_OBSERVATIONS
+names; the grading tests judge them in their own process (tests/grading/jobs.py).
+
 Each check runs in a process group of its own, so code that hangs, or leaves messages
-behind, spoils only its own check. Verdicts travel through the launcher's key-value store,
-not through a process group (which the code under test may have broken).
+behind, spoils only its own check. Observations travel through the launcher's key-value
+store, not through a process group (which the code under test may have broken).
 """
 
 import argparse
+import io
 import json
 import os
 from contextlib import contextmanager
@@ -135,3 +141,84 @@ def run_checks(store, tag: str, lesson: int, checks: dict, verdicts: dict, timeo
                     note = gathered[0][1]
                     lines.append(f"{name}: ok on {WORLD} ranks" + (f", {note}" if note else ""))
     return lines
+
+
+# --- observations, judged elsewhere ------------------------------------------------------------
+
+def as_data(value):
+    """The value as the judge may read it (numbers, strings, lists, dicts, plain tensors):
+    anything else becomes a marker that judges as wrong."""
+    from ddpcourse.course.sandbox_child import Handles, to_data
+
+    return to_data(value, Handles())
+
+
+def everyones_observation(store, name: str, mine: dict) -> list[dict] | None:
+    """At rank 0, every rank's observation for `name`, in rank order ({"data": ...} or
+    {"error": why}); None on the other ranks."""
+    import torch
+
+    buffer = io.BytesIO()
+    torch.save(mine, buffer)
+    keys = [f"observed/{name}/{r}" for r in range(WORLD)]
+    store.set(keys[RANK], buffer.getvalue())
+    if RANK != 0:
+        return None
+    try:
+        store.wait(keys, VERDICT_WAIT)
+    except Exception:  # a rank died or is stuck: what arrived
+        pass
+    gathered = []
+    for r, key in enumerate(keys):
+        if not store.check([key]):
+            gathered.append({"error": f"rank {r}: no observation (it stopped or is stuck)"})
+            continue
+        try:
+            gathered.append(torch.load(io.BytesIO(store.get(key)), weights_only=True))
+        except Exception as error:
+            gathered.append({"error": f"rank {r}: unreadable observation: {one_line(error)}"})
+    return gathered
+
+
+def observe(store, tag: str, lesson: int, checks: dict, timeout: timedelta) -> dict:
+    """Every check of a lesson's worker, each in a process group of its own: checks[name](ex)
+    returns this rank's observations. {check: every rank's} at rank 0."""
+    ex, import_error = exercises_or_error(lesson)
+    observed = {}
+    for check, fn in checks.items():
+        with group_of_its_own(store, f"lesson{lesson}/{tag}/{check}", timeout):
+            try:
+                if import_error:
+                    raise RuntimeError(import_error)
+                mine = {"data": as_data(fn(ex))}
+            except BaseException as error:  # the graded code raised: the next check runs
+                mine = {"error": f"rank {RANK}: {one_line(error)}"}
+            observed[check] = everyones_observation(store, f"lesson{lesson}/{tag}/{check}", mine)
+    return observed
+
+
+def write_observations(observed: dict, index: int) -> None:
+    """Rank 0: the observations of the index-th submission of this launch, where the sandbox
+    (or the project's batched grading) reads them."""
+    import torch
+
+    folder = os.environ.get("COURSE_OBSERVATIONS")
+    if RANK != 0 or not folder:
+        return
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, f"{index}.pt")
+    torch.save(observed, path + ".tmp")
+    os.replace(path + ".tmp", path)
+
+
+def observe_each_submission(lesson: int, checks: dict, timeout: timedelta,
+                            description: str) -> None:
+    """A worker's main: observe(...) once per submission, each written for the judge."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--submissions", default="",
+                        help="comma-separated submission folders to grade one after another")
+    args = parser.parse_args()
+    store = launcher_store()
+    for i, submission in enumerate(submissions_to_grade(args.submissions)):
+        select_submission(submission, store, tag=str(i))
+        write_observations(observe(store, str(i), lesson, checks, timeout), i)
