@@ -6,7 +6,7 @@ both wherever SLURM is installed). The devices are checked in a real two-node jo
 import re
 
 import pytest
-from jobs import Job, graded, run_job
+from jobs import Job, graded, judged, verdict
 
 # world size -> its job: two simulated nodes of two processes
 JOBS = {4: Job("lesson5_W4", "lesson5_devices.py", nproc=2, nnodes=2, timeout=120)}
@@ -288,7 +288,18 @@ def test_devices_in_a_job_of_two_nodes(ex):
     """Two simulated nodes of 2 processes, 6 GPUs each: on each node local ranks 0 and 1 own
     GPUs 0-2 and 3-5, whatever their global rank."""
     ex.my_devices(torchrun_environ(1, 2, 1, 2), 6)  # fail fast, before a launch
-    result = run_job(JOBS[4])
-    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
-    lines = [line for line in result.stdout.splitlines() if line.startswith("devices: ")]
-    assert lines == ["devices: ok on 4 ranks"], result.stdout[-3000:]
+    line = verdict(judged(JOBS[4], {"devices": ("devices", judge_devices)}), "devices")
+    assert line == "devices: ok on 4 ranks", line
+
+
+def judge_devices(seen, nodes=2, per_node=2, gpus_per_node=6):
+    """Rank r of the job is node r // per_node, local rank r % per_node: it owns the local
+    rank's run of gpus_per_node // per_node consecutive GPUs."""
+    problems, share = [], gpus_per_node // per_node
+    for rank, devices in enumerate(seen):
+        node, local_rank = divmod(rank, per_node)
+        want = list(range(local_rank * share, (local_rank + 1) * share))
+        if not isinstance(devices, (list, tuple)) or list(devices) != want:
+            problems.append(f"node {node}, local rank {local_rank} claims GPUs {devices}; "
+                            f"with {gpus_per_node} GPUs over {per_node} processes it owns {want}")
+    return problems, ""
