@@ -1,4 +1,5 @@
-"""Grader code that must run beside the submission, in its sandboxed process.
+"""Grader code that must run beside the submission, in its sandboxed process; and the inputs
+that both a grading job (workers/) and the judge build, so that both build the same.
 
 A grading test calls `ex.probe("name", ...)`: the function here runs in the submission's
 process (ddpcourse/course/sandbox_child.py) with the exercises module as its first argument
@@ -19,6 +20,17 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 # --- lesson 3 --------------------------------------------------------------------------------
+
+def lesson3_model(seed=0):
+    """The job's model (workers/lesson3_ddp.py), built the same way by the judge."""
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(12, 16), nn.Tanh(), nn.Linear(16, 4))
+
+
+def lesson3_data(n, seed):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, 12, generator=g), torch.randint(0, 4, (n,), generator=g)
+
 
 
 def tiny_model():

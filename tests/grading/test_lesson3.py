@@ -8,8 +8,10 @@ import math
 
 import pytest
 import torch
-from jobs import Job, graded, report_of, verdict
-from torch.utils.data import DistributedSampler
+import torch.nn.functional as F
+from jobs import Job, graded, judged, verdict
+from probes import lesson3_data, lesson3_model
+from torch.utils.data import DistributedSampler, TensorDataset
 
 # world size -> its job
 JOBS = {w: Job(f"lesson3_W{w}", "lesson3_ddp.py", nproc=w) for w in (2, 3)}
@@ -138,7 +140,170 @@ def test_sampler_rejects_impossible_ranks(ex):
 # --- the two exercises that run in a real job --------------------------------------------
 
 def job(world_size):
-    return report_of(JOBS[world_size])
+    """The lesson 3 job at `world_size`, judged here from what its ranks saw."""
+    return judged(JOBS[world_size], {
+        "average_gradients": ("average_gradients", judge_average_gradients),
+        "train_ddp": ("train_ddp", judge_train_ddp),
+        "train_ddp_data": ("train_ddp", judge_train_ddp_data),
+        "train_ddp_allreduce": ("train_ddp", judge_train_ddp_allreduce)})
+
+
+# --- the job's judges ------------------------------------------------------------------------
+
+TOLERANCE = 1e-5
+N, GLOBAL_BATCH, EPOCHS, SEED = 95, 12, 2, 5  # as workers/lesson3_ddp.py trains
+
+
+def close(got, want, **tolerance):
+    return isinstance(got, torch.Tensor) and got.shape == want.shape and \
+        torch.allclose(got, want, **tolerance)
+
+
+def judge_average_gradients(seen):
+    """Against DDP: the mean over the ranks of each rank's gradients on its own data; a frozen
+    parameter keeps None; in the group of ranks 0 and 1, gradients 1 and 2 average to 1.5."""
+    world, problems = len(seen), []
+    local = []
+    for rank in range(world):
+        x, y = lesson3_data(10 + rank, seed=100 + rank)
+        model = lesson3_model()
+        F.cross_entropy(model(x), y).backward()
+        local.append([p.grad for p in model.parameters()])
+    names = [n for n, _ in lesson3_model().named_parameters()]
+    ddp = [sum(grads[i] for grads in local) / world for i in range(len(names))]
+    for rank, observed in enumerate(seen):
+        averaged = observed["averaged"]
+        for i, name in enumerate(names):
+            got = averaged[i] if isinstance(averaged, list) and i < len(averaged) else None
+            if not close(got, ddp[i], rtol=1e-5, atol=1e-7):
+                problems.append(f"rank {rank}: gradient of {name} differs from DDP's")
+        if observed["frozen_grad_none"] is not True:
+            problems.append(f"rank {rank}: a frozen parameter's grad is no longer None")
+        if world > 1 and rank in (0, 1):
+            pair = observed["in_pair"]
+            if not isinstance(pair, list) or len(pair) != len(names) or not all(
+                    close(g, torch.full_like(d, 1.5)) for g, d in zip(pair, ddp, strict=True)):
+                problems.append(f"rank {rank}: in the group of ranks 0 and 1 the gradients of 1 "
+                                f"and 2 did not average to 1.5 (the mean over the group, not the "
+                                f"world of {world})")
+    return problems, ""
+
+
+def one_device(model, dataset, global_batch, epochs, lr, seed=0):
+    """The reference: the loop written out in train_ddp's docstring."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    model.train()
+    for epoch in range(epochs):
+        g = torch.Generator().manual_seed(seed + epoch)
+        order = torch.randperm(len(dataset), generator=g).tolist()
+        for step in range(len(dataset) // global_batch):
+            images, labels = dataset[order[step * global_batch:(step + 1) * global_batch]]
+            loss = F.cross_entropy(model(images), labels)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    return model
+
+
+def judge_train_ddp(seen):
+    problems = []
+    x, y = lesson3_data(N, seed=7)
+    reference = one_device(lesson3_model(seed=3), TensorDataset(x, y), GLOBAL_BATCH, EPOCHS,
+                           lr=0.1, seed=SEED)
+    ref = torch.cat([p.detach().flatten() for p in reference.parameters()])
+    diffs = []
+    for rank, observed in enumerate(seen):
+        if observed["returned_wrapper"] is not False:
+            problems.append(f"rank {rank}: train_ddp returned the DDP wrapper, not the model")
+        mine = observed["parameters"]
+        if not isinstance(mine, torch.Tensor) or mine.shape != ref.shape:
+            problems.append(f"rank {rank}: the trained model has not the model's parameters")
+            continue
+        diff = (mine - ref).abs().max().item()
+        diffs.append(diff)
+        if not diff <= TOLERANCE:
+            problems.append(f"rank {rank}: parameters differ from one-device training by "
+                            f"{diff:.2e} (more than {TOLERANCE:g})")
+        if not close(mine, seen[0]["parameters"], rtol=0, atol=1e-7):
+            problems.append(f"rank {rank}: the ranks ended with different parameters")
+    return problems, f"max difference {max(diffs, default=float('nan')):.1e}"
+
+
+def judge_train_ddp_data(seen):
+    """Each rank must read, epoch after epoch, the first steps x per-rank-batch indices of
+    its DistributedSampler share (shuffle=True, seed, set_epoch(epoch)), in order. A loop
+    that stops after `steps` batches may have let the loader fetch one batch more: allowed."""
+    world = len(seen)
+    problems = []
+    for rank, observed in enumerate(seen):
+        read = observed["read"]
+        if not isinstance(read, list) or not all(type(i) is int for i in read):
+            problems.append(f"rank {rank}: the indices read are not a list of ints")
+            continue
+        problems += shares_problems(read, rank, world)
+    return problems, ""
+
+
+def shares_problems(read, rank, world):
+    steps, batch = N // GLOBAL_BATCH, GLOBAL_BATCH // world
+    need = steps * batch
+    if not read:
+        return [f"rank {rank} read no samples in its own process (the grader watches the "
+                "dataset there: keep the DataLoader's num_workers=0)"]
+    sampler = DistributedSampler(range(N), num_replicas=world, rank=rank, shuffle=True,
+                                 seed=SEED)
+    shares = []
+    for epoch in range(EPOCHS):
+        sampler.set_epoch(epoch)
+        shares.append(list(SAMPLER_ITER(sampler)))
+    at = 0
+    for epoch, share in enumerate(shares):
+        got = read[at:at + need]
+        if got != share[:need]:
+            return [f"rank {rank}, epoch {epoch}: read {describe(got)}; its share is "
+                    f"{describe(share[:need])} ({steps} steps x {batch} samples of "
+                    f"DistributedSampler(seed={SEED}) after set_epoch({epoch})). It read "
+                    f"{len(read)} samples in {EPOCHS} epochs, its shares hold {EPOCHS * need}"]
+        at += need
+        following = shares[epoch + 1][:need] if epoch + 1 < EPOCHS else None
+        if read[at:at + need] != following:  # not straight on to the next epoch
+            ahead = share[need:need + batch]
+            while ahead and read[at:at + len(ahead)] != ahead:
+                ahead = ahead[:-1]
+            at += len(ahead)
+    if at != len(read):
+        return [f"rank {rank} read {len(read)} samples in {EPOCHS} epochs; its shares of the "
+                f"{EPOCHS * steps} steps hold {EPOCHS * need}"]
+    return []
+
+
+def describe(indices):
+    head = ", ".join(map(str, indices[:5]))
+    return f"{len(indices)} samples [{head}{', ...' if len(indices) > 5 else ''}]"
+
+
+def judge_train_ddp_allreduce(seen):
+    """DDP all-reduces every parameter's gradient once per step (in buckets): at least the
+    parameters' numel per step, and less than twice that."""
+    steps = EPOCHS * (N // GLOBAL_BATCH)
+    params = sum(p.numel() for p in lesson3_model().parameters())
+    low, high = steps * params, 2 * steps * params
+    problems, notes = [], []
+    for rank, observed in enumerate(seen):
+        reduced = observed["allreduced"]
+        if type(reduced) is not int:
+            problems.append(f"rank {rank}: no count of the values all-reduced")
+            continue
+        notes.append(f"{reduced / steps:g} values all-reduced per step")
+        if reduced < low:
+            problems.append(f"rank {rank}: {reduced} gradient values were all-reduced in "
+                            f"{steps} steps; averaging all {params} gradients every step takes "
+                            f"{low} (the DDP wrapper does it during backward)")
+        elif reduced >= high:
+            problems.append(f"rank {rank}: {reduced} values were all-reduced in {steps} steps, "
+                            f"{reduced / low:.1f} times the {params} gradients per step: "
+                            "averaged twice? (DDP already averages them)")
+    return problems, notes[0] if notes else ""
 
 
 @pytest.mark.l3_average_gradients
