@@ -1,10 +1,10 @@
 """Grading tests for lesson 4: collectives built from send/recv, node groups, a hang to fix.
 
-A one-process world runs in this process (the trivial case, and a quick first call that
-lets an unfinished exercise fail before any job is started). Then one torchrun job per
-world size (2 and 3 on one node, 4 as two simulated nodes of 2) runs every check in
-workers/lesson4_checks.py against the real collectives; the tests of all exercises share
-that job and each asserts its own line of the job's report.
+A one-process world runs in the submission's process (the trivial case, and a quick first
+call that lets an unfinished exercise fail before any job is started). Then one torchrun job
+per world size (2 and 3 on one node, 4 as two simulated nodes of 2) runs every exercise in
+workers/lesson4_checks.py, in the submission's sandbox, and reports what each rank got and
+sent; the judges below decide, here, from those observations.
 
 The exercises built from messages are graded twice: the result (with every ready-made
 collective refused), and, for most of the points, the mechanism: the messages each rank
@@ -12,9 +12,11 @@ sent, their peers, sizes and number, against the algorithm's cost.
 """
 
 
+import math
+
 import pytest
 import torch
-from jobs import Job, graded, run_job
+from jobs import Job, graded, judged, verdict
 
 # world size -> its job (4: two simulated nodes of two)
 JOBS = {2: Job("lesson4_W2", "lesson4_checks.py", nproc=2),
@@ -43,17 +45,273 @@ def one_node_env(ex):
         yield
 
 
-def job(world_size: int):
-    """The lesson 4 checks at `world_size`, launched once and shared by every test."""
-    return run_job(JOBS[world_size])
-
-
 def assert_check_passed(check: str, world_size: int):
-    result = job(world_size)
-    output = result.stdout + result.stderr
-    assert result.returncode == 0, output[-3000:]
-    lines = [line for line in result.stdout.splitlines() if line.startswith(f"{check} W=")]
-    assert lines == [f"{check} W={world_size}: ok"], "\n".join(lines) or output[-3000:]
+    """The lesson 4 job at `world_size` (launched once, shared by every test), judged here
+    from what its ranks did."""
+    job = JOBS[world_size]
+    per_node = job.nproc
+    report = judged(job, {
+        "ring_allreduce_sum": ("ring_allreduce", per_rank(judge_ring_sum)),
+        "ring_allreduce": ("ring_allreduce", per_rank(judge_ring)),
+        "all_gather": ("all_gather", per_rank(judge_all_gather)),
+        "all_gather_traffic": ("all_gather", per_rank(judge_all_gather_traffic)),
+        "broadcast_tree": ("broadcast_tree", per_rank(judge_broadcast_tree)),
+        "broadcast_tree_shape": ("broadcast_tree_shape", judge_broadcast_tree_shape),
+        "node_groups": ("node_groups", lambda seen: judge_node_groups(seen, per_node)),
+        "fix_hang": ("fix_hang", per_rank(judge_fix_hang))})
+    line = verdict(report, check)
+    assert line == f"{check}: ok on {world_size} ranks", line
+
+
+# --- the job's judges ------------------------------------------------------------------------
+
+class CheckFailed(Exception):
+    pass
+
+
+def expect(condition, message):
+    if not condition:
+        raise CheckFailed(message)
+
+
+def per_rank(judge):
+    """A judge of one rank's observation (rank, world, observation) that stops at its first
+    failed expectation, made a judge of every rank's."""
+    def judge_all(seen):
+        problems = []
+        for rank, observed in enumerate(seen):
+            try:
+                judge(rank, len(seen), observed)
+            except CheckFailed as failure:
+                problems.append(f"rank {rank}: {failure}")
+            except (KeyError, TypeError, IndexError, AttributeError, ValueError) as error:
+                problems.append(f"rank {rank}: unexpected observation ({error!r})")
+        return problems, ""
+    return judge_all
+
+
+def data(seed, shape, dtype, rank):
+    """Rank `rank`'s input, as workers/lesson4_checks.py makes it."""
+    g = torch.Generator().manual_seed(1000 * seed + 17 * rank + 5)
+    if dtype.is_floating_point:
+        return torch.randn(shape, generator=g).to(dtype)
+    return torch.randint(-50, 50, shape, generator=g, dtype=dtype)
+
+
+def same(got, want, what):
+    ok = isinstance(got, torch.Tensor) and got.shape == want.shape and got.dtype == want.dtype
+    if ok:
+        ok = torch.allclose(got, want, rtol=1e-5, atol=1e-5) if want.is_floating_point() \
+            else torch.equal(got, want)
+    shown = got.flatten()[:6].tolist() if isinstance(got, torch.Tensor) else got
+    expect(ok, f"{what}: got {shown}..., expected {want.flatten()[:6].tolist()}...")
+
+
+def no_collective_used(record, what):
+    refused = record["refused"]
+    expect(not refused, f"{what}: {refused[0] if refused else ''} was called (and its error "
+                        "caught): build this one from send/recv")
+
+
+def messages(record, kind):
+    """(peer, numel, nbytes) of the messages of `kind` ("send" or "recv") in a record."""
+    found = []
+    for message in record["messages"]:
+        expect(isinstance(message, tuple) and len(message) == 4, "unreadable message log")
+        if message[0] == kind:
+            found.append(message[1:])
+    return found
+
+
+def ring_cases(world):
+    return [((1,), torch.float32), ((7,), torch.float32), ((1000,), torch.float32),
+            ((3, 5), torch.float32), ((world + 1,), torch.int64), ((2, 3, 2), torch.int64),
+            ((6 * world + 1, 4), torch.float64)]
+
+
+def judge_ring_sum(rank, world, cases):
+    expect(len(cases) == len(ring_cases(world)), "not every case was run")
+    for i, ((shape, dtype), case) in enumerate(zip(ring_cases(world), cases, strict=True)):
+        what = f"ring_all_reduce of a {tuple(shape)} {dtype} tensor"
+        no_collective_used(case, what)
+        expect(case["in_place"] is True, f"{what}: the tensor was replaced, not summed in place")
+        same(case["got"], sum(data(i, shape, dtype, r) for r in range(world)), what)
+
+
+def judge_ring(rank, world, cases):
+    """The ring itself: the right sum, and on every rank the messages of a ring. Rank r sends
+    only to r+1 and receives only from r-1 (mod W), one message each way in each of the 2(W-1)
+    steps (fewer when some chunks are empty); each message is one chunk, numel/W elements
+    (rounded up or down), so a rank sends 2(W-1)/W of the tensor in all."""
+    judge_ring_sum(rank, world, cases)
+    for (shape, dtype), case in zip(ring_cases(world), cases, strict=True):
+        what = f"ring_all_reduce of a {tuple(shape)} {dtype} tensor"
+        right, left = (rank + 1) % world, (rank - 1) % world
+        sent, received = messages(case, "send"), messages(case, "recv")
+        expect({m[0] for m in sent} <= {right} and {m[0] for m in received} <= {left},
+               f"{what}: rank {rank} sent to ranks {sorted({m[0] for m in sent}, key=str)} and "
+               f"received from {sorted({m[0] for m in received}, key=str)}; in a ring it sends "
+               f"only to {right} and receives only from {left}")
+        steps = 2 * (world - 1)
+        n = math.prod(shape)
+        size = torch.tensor([], dtype=dtype).element_size()
+        if n >= world:
+            expect(len(sent) == len(received) == steps,
+                   f"{what}: rank {rank} sent {len(sent)} and received {len(received)} "
+                   f"messages; a ring all-reduce takes {steps} steps of one message each way")
+        else:
+            expect(len(sent) <= steps and len(received) <= steps,
+                   f"{what}: rank {rank} sent {len(sent)} messages, more than the {steps} steps "
+                   "of a ring")
+        chunk = math.ceil(n / world) * size
+        biggest = max((m[2] for m in sent + received), default=0)
+        expect(biggest <= chunk,
+               f"{what}: rank {rank} passed a message of {biggest} bytes; in a ring each "
+               f"message is one chunk, numel/W = {n}/{world} elements, at most {chunk} bytes "
+               "(whole tensors passed round the ring cost W/2 times the bandwidth)")
+        total = sum(m[2] for m in sent)
+        low, high = steps * (n // world) * size, steps * chunk
+        expect(low <= total <= high,
+               f"{what}: rank {rank} sent {total} bytes in all; a ring sends 2(W-1)/W of the "
+               f"tensor, {low} to {high} bytes")
+
+
+GATHER_CASES = [((3,), torch.float32), ((2, 2), torch.float32), ((1,), torch.float32),
+                ((5,), torch.int64)]
+
+
+def judge_all_gather(rank, world, observed):
+    cases = observed["cases"]
+    expect(len(cases) == len(GATHER_CASES), "not every case was run")
+    for i, ((shape, dtype), case) in enumerate(zip(GATHER_CASES, cases, strict=True)):
+        what = f"all_gather_p2p of {tuple(shape)} {dtype}"
+        no_collective_used(case, what)
+        expect(isinstance(case["got"], list) and len(case["got"]) == world,
+               f"{what}: the output list changed length")
+        for r in range(world):
+            same(case["got"][r], data(10 + i, shape, dtype, r), f"{what}: rank {r}'s entry")
+    expect(observed["too_many_refused"] is True,
+           "a list with one tensor too many was accepted (expected ValueError)")
+
+
+def judge_all_gather_traffic(rank, world, observed):
+    """An all-gather's cost: every rank sends and receives W-1 tensors' worth, no more (a
+    ring, a direct exchange and recursive doubling all do); relaying every tensor through
+    one rank costs that rank W-1 times as much."""
+    judge_all_gather(rank, world, observed)
+    for (shape, dtype), case in zip(GATHER_CASES, observed["cases"], strict=True):
+        what = f"all_gather_p2p of {tuple(shape)} {dtype}"
+        need = (world - 1) * math.prod(shape) * torch.tensor([], dtype=dtype).element_size()
+        for kind in ("send", "recv"):
+            found = messages(case, kind)
+            total = sum(m[2] for m in found)
+            expect(total == need,
+                   f"{what}: rank {rank} {kind} {total} bytes in {len(found)} messages; in an "
+                   f"all-gather every rank sends and receives (W-1) tensors, {need} bytes")
+
+
+BROADCAST_SHAPES = [((5,), torch.float32), ((2, 3), torch.int64)]
+
+
+def judge_broadcast_tree(rank, world, observed):
+    results = iter(observed["results"])
+    for i, src in enumerate(sorted({0, world - 1, world // 2})):
+        for shape, dtype in BROADCAST_SHAPES:
+            what = f"tree_broadcast from rank {src} of {tuple(shape)} {dtype}"
+            result = next(results, None)
+            expect(result is not None, "not every case was run")
+            no_collective_used(result, what)
+            same(result["got"], data(20 + i, shape, dtype, src), what)
+    expect(observed["bad_root_refused"] is True,
+           f"src={world} (no such rank) was accepted (expected ValueError)")
+
+
+def judge_broadcast_tree_shape(seen):
+    """The right result, along a tree: each rank other than the root receives the tensor
+    exactly once, no rank sends more than ceil(log2 W) messages (a star's root sends W-1),
+    and no rank is more than ceil(log2 W) hops from the root (a chain root -> a -> b -> c is
+    too deep at W = 4)."""
+    world = len(seen)
+    limit = max(1, math.ceil(math.log2(world))) if world > 1 else 0
+    try:
+        for run, src in enumerate(sorted({world - 1, 0})):
+            records = [observed[run] for observed in seen]
+            for r, record in enumerate(records):
+                expect(record["src"] == src, "the runs are out of order")
+                no_collective_used(record, f"tree_broadcast from rank {src}")
+                same(record["got"], data(30 + src, (4,), torch.float32, src),
+                     f"tree_broadcast from rank {src} (rank {r})")
+            sent = [len(messages(record, "send")) for record in records]
+            parent = {}
+            for r, record in enumerate(records):
+                sources = [m[0] for m in messages(record, "recv")]
+                expect(len(sources) == (0 if r == src else 1),
+                       f"root {src}: rank {r} received {len(sources)} messages, expected "
+                       + ("none (it is the root)" if r == src else "exactly one"))
+                if r != src:
+                    expect(sources[0] is not None, f"root {src}: rank {r} received from any "
+                                                   "source; name the rank it receives from")
+                    parent[r] = sources[0]
+                sizes = {m[2] for m in messages(record, "send") + messages(record, "recv")}
+                expect(sizes <= {16}, f"root {src}: rank {r} passed messages of "
+                                      f"{sorted(sizes)} bytes; each message of a broadcast is "
+                                      "the whole tensor, 16 bytes")
+            expect(max(sent) <= limit, f"root {src}: messages sent per rank {sent}; a tree "
+                                       f"sends at most ceil(log2 W) = {limit} from any one rank")
+            for r in parent:
+                hops, at = 0, r
+                while at != src and hops <= world:
+                    at, hops = parent.get(at, src), hops + 1
+                expect(hops <= limit, f"root {src}: rank {r} got the data after {hops} hops; "
+                                      f"in a tree no rank is more than ceil(log2 W) = {limit} "
+                                      "hops away")
+    except CheckFailed as failure:
+        return [str(failure)], ""
+    except (KeyError, TypeError, IndexError, AttributeError, ValueError) as error:
+        return [f"unexpected observation ({error!r})"], ""
+    return [], ""
+
+
+def judge_node_groups(seen, per_node):
+    world, problems = len(seen), []
+    for r, observed in enumerate(seen):
+        if observed["asked"] != seen[0]["asked"]:
+            return [f"rank 0 asked dist.new_group for {seen[0]['asked']}, rank {r} for "
+                    f"{observed['asked']}: every process must create every group, in the same "
+                    "order"], ""
+    for rank, observed in enumerate(seen):
+        node = rank // per_node
+        mates = list(range(node * per_node, (node + 1) * per_node))
+        try:
+            expect(observed["ranks"] == mates, f"rank {rank} on node {node} got a group of "
+                                               f"ranks {observed['ranks']}, expected {mates}")
+            expect(observed["total"] == sum(mates), f"a sum over the node group gave "
+                                                    f"{observed['total']}, expected {sum(mates)}")
+            for dtype, got in zip((torch.float32, torch.int64), observed["leader"], strict=True):
+                same(got, torch.tensor([100 + mates[0], 7], dtype=dtype),
+                     f"node_leader_broadcast on rank {rank} (node {node}, leader rank "
+                     f"{mates[0]})")
+            if world >= 3 and rank >= world - 2:
+                same(observed["last_two"], torch.tensor([100 + world - 2, 7]),
+                     f"node_leader_broadcast on rank {rank} in a group of ranks {world - 2} "
+                     f"and {world - 1} (leader: rank {world - 2})")
+        except CheckFailed as failure:
+            problems.append(f"rank {rank}: {failure}")
+        except (KeyError, TypeError, IndexError, ValueError) as error:
+            problems.append(f"rank {rank}: unexpected observation ({error!r})")
+    return problems, ""
+
+
+def judge_fix_hang(rank, world, observed):
+    expect(observed["unchanged"] is True, "report_loss changed the caller's loss")
+    if rank == 0:
+        mean = sum(1.5 + r for r in range(world)) / world
+        result = observed["result"]
+        expect(isinstance(result, float) and abs(result - mean) < 1e-5,
+               f"rank 0 returned {result}, the mean loss is {mean}")
+    expect(observed["after"] == world, "after report_loss the ranks no longer agree on the "
+                                       f"order of collectives (a sum of ones gave "
+                                       f"{observed['after']})")
 
 
 # --- l4_ring_allreduce ----------------------------------------------------------------------
