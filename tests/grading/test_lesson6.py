@@ -3,12 +3,19 @@ with a resumed epoch's arithmetic; capture_state/restore_state are graded by a r
 under torchrun (bit-identical or no points); save_snapshot/load_snapshot by crashes, damaged
 files and the previous snapshot."""
 
+import hashlib
 import os
+import shutil
+import tempfile
+from pathlib import Path
 
 import pytest
 import torch
-from jobs import Job, graded, run_job, will_launch
+from jobs import WORKERS, Job, allow_the_launch, graded, run_job, will_launch
 from torch.utils.data import DistributedSampler
+
+from ddpcourse.cluster.launch import launch
+from ddpcourse.exercises import ROOT
 
 # world size -> its job. One restart is needed; the others let a restart that fails for
 # another reason (a busy machine) try again: a second resume starts from the resumed run's
@@ -118,9 +125,42 @@ def kill_and_resume(ex, world):
             ex.probe("capture_and_restore_once")
     # a fresh folder the submission's ranks may write, made in its sandbox
     result = run_job(JOBS[world], script_args=["--work", "@workdir"])
-    lines = [line for line in result.stdout.splitlines() if line.startswith("resume: ")]
-    assert lines == [f"resume: ok, bit-identical at {world} ranks"], \
-        (result.stdout + result.stderr)[-3000:]
+    observed = getattr(result, "observations", None)
+    assert isinstance(observed, dict) and isinstance(observed.get("resume"), dict), \
+        "the job left no observations:\n" + (result.stdout + result.stderr)[-3000:]
+    observed = observed["resume"]
+    assert "problem" not in observed, f"resume: {observed['problem']}"
+    reference, resumed = reference_state(world), observed.get("resumed")
+    assert isinstance(resumed, dict) and set(resumed) == set(reference), \
+        "the resumed run's final state has not the model's weights and buffers"
+    differing = [k for k in reference if not (isinstance(resumed[k], torch.Tensor) and
+                                              resumed[k].shape == reference[k].shape and
+                                              torch.equal(reference[k], resumed[k]))]
+    assert not differing, (
+        f"after the kill the final weights and buffers differ from the run that never stopped "
+        f"({len(differing)} of {len(reference)} tensors, {', '.join(differing[:4])}): "
+        "something that shapes training was not captured or restored")
+
+
+def reference_state(world):
+    """The final weights and buffers of the run that never stops, trained by the grader
+    itself (workers/lesson6_resume.py --reference-only, no submission in it, outside every
+    sandbox); kept per world size and worker in the checkout's build/cache, which no sandbox
+    sees."""
+    worker = WORKERS / "lesson6_resume.py"
+    key = hashlib.sha256(worker.read_bytes() + torch.__version__.encode()).hexdigest()[:16]
+    cached = ROOT / "build" / "cache" / f"lesson6-reference-W{world}-{key}.pt"
+    if not cached.exists():
+        with tempfile.TemporaryDirectory() as work:
+            allow_the_launch(240)
+            done = launch(str(worker), ["--work", work, "--reference-only"], nproc=world,
+                          timeout=180, capture=True, echo=False, cwd=str(ROOT))
+            assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+            cached.parent.mkdir(parents=True, exist_ok=True)
+            partial = cached.with_suffix(f".{os.getpid()}.tmp")
+            shutil.copyfile(Path(work) / "reference_final.pt", partial)
+            partial.replace(cached)
+    return torch.load(cached, weights_only=True)
 
 
 @pytest.mark.l6_snapshot_state
