@@ -298,6 +298,55 @@ def map_location_used(ex):
 
 # --- lesson 7 --------------------------------------------------------------------------------
 
+def sub_group_parts(world):
+    """The job's sub-groups: the even ranks and the odd ones."""
+    return [list(range(0, world, 2)), list(range(1, world, 2))]
+
+
+def layered_model(seed=0):
+    """Gradient sizes in bytes, registration order: 512 64 1024 64 768 48 192 16."""
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 16), nn.Tanh(),
+                         nn.Linear(16, 12), nn.Tanh(), nn.Linear(12, 4))
+
+
+# (cap in bytes, index of a parameter to freeze or None). At 1100 bytes the right buckets
+# are 1088, 1088 and 512 bytes; filled from the first parameter they would be 576, 1088
+# and 1024. At 300 bytes, with the first bias frozen: 5 buckets for 7 parameters.
+CONFIGS = [(1100, None), (300, 1)]
+STEPS = 2
+CHANNELS = 3
+
+
+def batch_of_channels(shape, eps, generator):
+    """Channel 0 spread widely; channel 1 near-constant, with a variance near eps, where
+    sqrt(var + eps), sqrt(var) + eps and sqrt(var) differ by half or more; channel 2
+    constant, variance exactly 0 (0.5 and its square are exact in float32, so every right
+    way of computing it gets 0)."""
+    x = torch.randn(shape, generator=generator)
+    x[:, 0] = x[:, 0] * 2 + 1.5
+    x[:, 1] = x[:, 1] * (0.8 * eps ** 0.5) + 0.02
+    x[:, 2] = 0.5
+    return x
+
+
+def WORLD_SYNC_BN_CALLS(world):  # noqa: N802 (a table, as it was)
+    """(the ranks' batch sizes, the dimensions after C, momentum, eps) of each call in the
+    world group."""
+    return [([2 + 3 * r for r in range(world)], (4, 4), 0.1, 1e-5),
+            ([1 + 3 * r for r in range(world)], (), 0.3, 1e-3)]
+
+
+def sync_bn_group_calls(ranks_in_group):
+    return [([4 + 2 * i for i in range(ranks_in_group)], (3,), 0.2, 1e-4)]
+
+
+def lesson7_micro_batches(step, rank, k=3, micro=4):
+    g = torch.Generator().manual_seed(100 * step + rank)
+    return [(torch.randn(micro, 10, generator=g), torch.randint(0, 3, (micro,), generator=g))
+            for _ in range(k)]
+
+
 def bucketed_in_one_process(ex):
     """Two steps with BucketedAllReduce in a world of one: each step's gradients after
     finish() and a plain model's."""
@@ -317,6 +366,9 @@ def bucketed_in_one_process(ex):
 def small_model():
     torch.manual_seed(3)
     return nn.Sequential(nn.Linear(10, 16), nn.Tanh(), nn.Linear(16, 3))
+
+
+lesson7_small_model = small_model  # the job's model too
 
 
 class StandInForDDP(nn.Module):

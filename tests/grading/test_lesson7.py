@@ -10,12 +10,27 @@ the loss it returns. The checks that need several ranks run in one torchrun job 
 size (workers/lesson7_checks.py), in the world group and in sub-groups of it."""
 
 
+import re
+
 import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from jobs import Job, graded, report_of, verdict
-from probes import accumulation_data, small_model
+from jobs import Job, graded, judged, verdict
+from probes import (
+    CHANNELS,
+    CONFIGS,
+    STEPS,
+    WORLD_SYNC_BN_CALLS,
+    accumulation_data,
+    batch_of_channels,
+    layered_model,
+    lesson7_micro_batches,
+    lesson7_small_model,
+    small_model,
+    sub_group_parts,
+    sync_bn_group_calls,
+)
 
 # world size -> its job
 JOBS = {w: Job(f"lesson7_W{w}", "lesson7_checks.py", nproc=w) for w in (2, 3)}
@@ -43,7 +58,396 @@ def once(check):
 
 
 def job(world_size):
-    return report_of(JOBS[world_size])
+    """The lesson 7 job at `world_size`, judged here from what its ranks saw."""
+    return judged(JOBS[world_size], {
+        **{name: ("bucketed", lambda seen, n=name: judge_bucketed(seen)[n])
+           for name in ("bucketed_result", "bucketed_buckets", "bucketed_overlap")},
+        **{name: ("sync_bn", lambda seen, n=name: judge_sync_bn(seen)[n])
+           for name in ("sync_bn_forward", "sync_bn_backward", "sync_bn_running",
+                        "sync_bn_traffic")},
+        **{name: ("accumulate", lambda seen, n=name: judge_accumulate(seen)[n])
+           for name in ("accumulate_result", "accumulate_allreduce", "accumulate_loss")}},
+        summarise=summary)
+
+
+# --- the job's judges ------------------------------------------------------------------------
+
+def summary(problems: list[str]) -> str:
+    """The ranks' problems, each told once with the ranks that had it."""
+    ranks_of: dict[str, list[str]] = {}
+    for problem in problems:
+        match = re.match(r"rank (\d+)(, |: )(.*)", problem)
+        text, rank = (match.group(3), match.group(1)) if match else (problem, None)
+        ranks_of.setdefault(text, [])
+        if rank is not None:
+            ranks_of[text].append(rank)
+    told = [(f"rank{'s' if len(r) > 1 else ''} {', '.join(r)}: " if r else "") + text
+            for text, r in ranks_of.items()]
+    return "; ".join(told[:3]) + (f"; and {len(told) - 3} more" if len(told) > 3 else "")
+
+
+def memo(judge):
+    """A judge of every rank's observations of a check, run once per job (the check's
+    verdicts share it); observations that are not what the worker writes fail them all."""
+    done = {}
+
+    def once(seen):
+        key = id(seen[0]) if seen else None  # the job's own objects, kept by its cache
+        if key not in done:
+            try:
+                done[key] = (seen, judge(seen))
+            except (KeyError, TypeError, IndexError, AttributeError, ValueError,
+                    RuntimeError) as error:
+                done[key] = (seen, UnreadableObservations(
+                    [f"unexpected observation ({error!r})"]))
+        return done[key][1]
+    return once
+
+
+class UnreadableObservations(dict):
+    """Every verdict of a check whose observations were not what a worker writes."""
+
+    def __init__(self, problem):
+        super().__init__()
+        self.problem = problem
+
+    def __missing__(self, name):
+        return self.problem, ""
+
+
+def group_name(ranks) -> str:
+    return f"the group of ranks {{{', '.join(map(str, ranks))}}}"
+
+
+def group_of(rank, world):
+    return next(part for part in sub_group_parts(world) if rank in part)
+
+
+def outside_the_group(collectives, ranks) -> list[str]:
+    """The collectives (op, values, bytes, group ranks) that ran on another group than
+    `ranks` (None: not known, not held against the code)."""
+    return sorted({f"{op} on ranks {list(on)}" for op, _, _, on in collectives
+                   if on is not None and list(on) != list(ranks)})
+
+
+def step_data(step, group_ranks, rank):
+    """Rank `rank`'s batch for a step, as workers/lesson7_checks.py makes it."""
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    n = 5 + group_ranks.index(rank)
+    return torch.randn(n, 8, generator=g), torch.randint(0, 4, (n,), generator=g)
+
+
+def ddp_gradients(frozen, group_ranks):
+    """DDP's gradients at each step for a group: the mean over its ranks of each one's
+    gradients on its own batch, all ranks holding the same parameters; SGD with momentum
+    between steps. [per step: [per parameter: gradient or None]]."""
+    model = layered_model()
+    if frozen is not None:
+        list(model.parameters())[frozen].requires_grad_(False)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    steps = []
+    for step in range(STEPS):
+        total = None
+        for rank in group_ranks:
+            model.zero_grad()
+            x, y = step_data(step, group_ranks, rank)
+            F.cross_entropy(model(x), y).backward()
+            grads = [None if p.grad is None else p.grad.clone() for p in model.parameters()]
+            total = grads if total is None else [
+                None if a is None else a + b for a, b in zip(total, grads, strict=True)]
+        mean = [None if g is None else g / len(group_ranks) for g in total]
+        for p, g in zip(model.parameters(), mean, strict=True):
+            p.grad = g
+        steps.append(mean)
+        optimizer.step()
+    return steps
+
+
+def expected_buckets(params, cap):
+    """The buckets' bytes by the rule in bucket_assignment's docstring (the grader's own
+    copy)."""
+    buckets, filled = [], 0
+    for p in reversed(params):
+        size = p.numel() * p.element_size()
+        if buckets and filled + size <= cap:
+            buckets[-1] += size
+            filled += size
+        else:
+            buckets.append(size)
+            filled = size
+    return sorted(buckets)
+
+
+def bucket_problems(params, cap, where, ranks, launches):
+    collectives = [c for c, *_ in launches]
+    ops = {c[0] for c in collectives}
+    if ops - {"c10d::allreduce_"}:
+        return [f"{where}: collectives other than all_reduce: {sorted(ops)}"]
+    elsewhere = outside_the_group(collectives, ranks)
+    if elsewhere:
+        return [f"{where}: all-reduces outside {group_name(ranks)}, the group given: "
+                f"{elsewhere}"]
+    want = expected_buckets(params, cap)
+    got = sorted(c[2] for c in collectives)
+    if got == want:
+        return []
+    alone = {p.numel() * p.element_size() for p in params}  # over the cap: a bucket alone
+    too_big = [n for n in got if n > cap and n not in alone]
+    values = sorted(c[1] for c in collectives)
+    return [f"{where}: {len(got)} all-reduces of {got} bytes ({values} values); the buckets "
+            f"hold {want} bytes of float32 gradients ({len(params)} parameters)"
+            + (f"; {too_big} bytes over the cap" if too_big else "")]
+
+
+def overlap_problems(where, launches, waits):
+    if not launches:
+        return [f"{where}: no all-reduce was started"]
+    late = [launch for launch in launches if launch[1] != "backward"]
+    if late:
+        return [f"{where}: {len(late)} of {len(launches)} all-reduces started after backward "
+                "(in finish), so none of the communication overlaps backward's computation"]
+    blocking = [launch for launch in launches if launch[-1] is not True]
+    if blocking:
+        return [f"{where}: {len(blocking)} all-reduces were blocking (async_op=False): "
+                "backward stood still while they ran"]
+    waited = waits.count("backward")
+    if waited:
+        return [f"{where}: {waited} waits during backward (Work.wait or its future): the hooks "
+                "waited for their all-reduce, so backward stood still while it ran (wait in "
+                "finish)"]
+    early = sum(1 for _, _, pending, _ in launches if pending > 0)
+    if early < len(launches) - 1:
+        return [f"{where}: only {early} of {len(launches)} all-reduces started while "
+                "gradients were still to come: a bucket's all-reduce starts as soon as its "
+                "last gradient arrives"]
+    return []
+
+
+@memo
+def judge_bucketed(seen):
+    """bucketed_result bucketed_buckets bucketed_overlap"""
+    world = len(seen)
+    everyone = list(range(world))
+    verdicts = {"bucketed_result": [], "bucketed_buckets": [], "bucketed_overlap": []}
+    notes = []
+    references = {}
+    for rank, cases in enumerate(seen):
+        result, buckets, overlap, counts = [], [], [], []
+        layout = [(cap, frozen, None, everyone) for cap, frozen in CONFIGS]
+        layout.append((CONFIGS[0][0], None, "sub", group_of(rank, world)))
+        if len(cases) != len(layout):
+            raise ValueError("not every case was run")
+        for (cap, frozen, group, ranks), steps in zip(layout, cases, strict=True):
+            key = (frozen, tuple(ranks))
+            if key not in references:
+                references[key] = ddp_gradients(frozen, ranks)
+            model = layered_model()
+            if frozen is not None:
+                list(model.parameters())[frozen].requires_grad_(False)
+            params = [p for p in model.parameters() if p.requires_grad]
+            names = [n for n, _ in model.named_parameters()]
+            in_group = "" if group is None else f" (in {group_name(ranks)}: the mean over it)"
+            for step, (observed, want) in enumerate(zip(steps, references[key], strict=True)):
+                where = f"rank {rank}, cap {cap} bytes, step {step + 1}{in_group}"
+                grads = observed["grads"]
+                for name, got, ref in zip(names, grads, want, strict=True):
+                    if ref is None:
+                        continue
+                    if not isinstance(got, torch.Tensor) or got.shape != ref.shape or \
+                            not torch.allclose(got, ref, rtol=1e-5, atol=1e-6):
+                        result.append(f"rank {rank}, cap {cap} bytes, step {step + 1}: the "
+                                      f"gradient of {name} differs from DDP's{in_group}")
+                        break
+                buckets += bucket_problems(params, cap, where, ranks, observed["launches"])
+                overlap += overlap_problems(where, observed["launches"], observed["waits"])
+                counts.append(len(observed["launches"]))
+        if result:  # the mechanism counts only with the right gradients
+            buckets = overlap = [f"rank {rank}: the gradients are wrong (see bucketed_result)"]
+        verdicts["bucketed_result"] += result[:1]
+        verdicts["bucketed_buckets"] += buckets[:1]
+        verdicts["bucketed_overlap"] += overlap[:1]
+        notes.append(f"all-reduces per step: {counts}")
+    return {"bucketed_result": (verdicts["bucketed_result"], ""),
+            "bucketed_buckets": (verdicts["bucketed_buckets"], notes[0]),
+            "bucketed_overlap": (verdicts["bucketed_overlap"], "")}
+
+
+# Per rank and pass: the statistics (2C + 1 values, float32 or float64; W times over for
+# an all_gather, which counts what it receives), never the batch (far more in the first call).
+BYTES_PER_RANK = 16 * (CHANNELS + 1)
+
+
+def per_channel(values, like):
+    return values.view(1, -1, *[1] * (like.dim() - 2))
+
+
+def close(got, want, **tolerance):
+    return isinstance(got, torch.Tensor) and got.shape == want.shape and \
+        torch.allclose(got, want, **tolerance)
+
+
+def sync_bn_call_problems(call, observed, rank, ranks, group_given, buffers, generator):
+    """The problems (forward, backward, traffic) of one call, against F.batch_norm in
+    float64 on the group's batches together."""
+    sizes, extra, momentum, eps = call
+    shape = (sum(sizes), CHANNELS, *extra)
+    x_all = batch_of_channels(shape, eps, generator)
+    dy_all = torch.randn(shape, generator=generator)
+    weight0 = torch.rand(CHANNELS, generator=generator) + 0.5
+    bias0 = torch.randn(CHANNELS, generator=generator)
+    position = ranks.index(rank)
+    lo, hi = sum(sizes[:position]), sum(sizes[:position + 1])
+    where = (f"rank {rank}, input {(hi - lo, *shape[1:])}, eps {eps:g}, momentum {momentum:g}"
+             + ("" if not group_given else f", in {group_name(ranks)}"))
+    mean_ref, var_ref = buffers
+    x_ref = x_all.double().requires_grad_(True)
+    w_ref = weight0.double().requires_grad_(True)
+    b_ref = bias0.double().requires_grad_(True)
+    y_ref = F.batch_norm(x_ref, mean_ref, var_ref, w_ref, b_ref, training=True,
+                         momentum=momentum, eps=eps)
+    (y_ref * dy_all.double()).sum().backward()
+    x_hat = ((y_ref - per_channel(b_ref, x_ref)) / per_channel(w_ref, x_ref)).detach()
+    dims = [0, *range(2, x_all.dim())]
+    w_share = (dy_all[lo:hi] * x_hat[lo:hi]).sum(dims)
+    b_share = dy_all[lo:hi].sum(dims)
+    forward, backward, traffic = [], [], []
+    y, want = observed["y"], y_ref[lo:hi].float()
+    if not close(y, want, rtol=1e-4, atol=1e-4):
+        worst = (y - want).abs().amax(dim=dims).tolist() if isinstance(y, torch.Tensor) and \
+            y.shape == want.shape else ["?"]
+        forward.append(f"{where}: the output differs from BatchNorm's on the group's batches "
+                       f"by up to {[v if v == '?' else f'{v:.1e}' for v in worst]} in channels "
+                       "0, 1 (variance near eps), 2 (constant)")
+    for name, got, want in [("input", observed["x_grad"], x_ref.grad[lo:hi]),
+                            ("weight", observed["w_grad"], w_share),
+                            ("bias", observed["b_grad"], b_share)]:
+        if not close(got, want.float(), rtol=1e-4, atol=1e-4):
+            backward.append(f"{where}: the gradient of {name} is wrong" + (
+                "" if name == "input" else " (this rank's share: the sum over its own "
+                "values)"))
+            break
+    most = BYTES_PER_RANK * len(ranks)
+    for part in ("forward", "backward"):
+        collectives = observed[part]
+        sent = sum(c[2] for c in collectives)
+        elsewhere = outside_the_group(collectives, ranks)
+        if elsewhere:
+            traffic.append(f"{where}: the {part} ran collectives outside "
+                           f"{group_name(ranks)}, the group given: {elsewhere}")
+        elif sent > most:
+            traffic.append(f"{where}: the {part} communicated {sent} bytes; the statistics of "
+                           f"{CHANNELS} channels on {len(ranks)} ranks take at most {most} "
+                           f"(this rank's input holds {(hi - lo) * x_all[0].numel() * 4})")
+    return forward, backward, traffic
+
+
+@memo
+def judge_sync_bn(seen):
+    """sync_bn_forward sync_bn_backward sync_bn_running sync_bn_traffic"""
+    world = len(seen)
+    found = {name: [] for name in ("sync_bn_forward", "sync_bn_backward", "sync_bn_running",
+                                   "sync_bn_traffic")}
+    for rank, runs in enumerate(seen):
+        forward, backward, running, traffic = [], [], [], []
+        mine = group_of(rank, world)
+        for in_group, run in zip((False, True), runs, strict=True):
+            ranks = mine if in_group else list(range(world))
+            g = torch.Generator().manual_seed(11 + (ranks[0] if in_group else world))
+            calls = sync_bn_group_calls(len(ranks)) if in_group else WORLD_SYNC_BN_CALLS(world)
+            buffers = (torch.zeros(CHANNELS, dtype=torch.float64),
+                       torch.ones(CHANNELS, dtype=torch.float64))
+            for call, observed in zip(calls, run["calls"], strict=True):
+                problems = sync_bn_call_problems(call, observed, rank, ranks, in_group,
+                                                 buffers, g)
+                for got, verdict_list in zip(problems, (forward, backward, traffic),
+                                             strict=True):
+                    verdict_list += got
+            where = f"rank {rank}" + (f", in {group_name(ranks)}" if in_group else "")
+            for name, want in [("running_mean", buffers[0]), ("running_var", buffers[1])]:
+                got = run[name]
+                if not close(got, want.float(), rtol=1e-5, atol=1e-5):
+                    shown = [round(v, 5) for v in got.tolist()] if isinstance(
+                        got, torch.Tensor) else got
+                    running.append(f"{where}: {name} is {shown}, BatchNorm's "
+                                   f"{[round(v, 5) for v in want.tolist()]}"
+                                   + (" (the unbiased variance?)" if name == "running_var"
+                                      else ""))
+        if forward or backward:  # the mechanism counts only with the right numbers
+            traffic = [f"rank {rank}: the output or the gradients are wrong (see "
+                       "sync_bn_forward and sync_bn_backward)"]
+        for name, problems in zip(found, (forward, backward, running, traffic), strict=True):
+            found[name] += problems[:1]
+    return {name: (problems, "") for name, problems in found.items()}
+
+
+K, OPT_STEPS = 3, 2
+
+
+def judge_mean_loss(model, batches) -> float:
+    """The mean of the loss over the micro-batches, with the model as it is now."""
+    with torch.no_grad():
+        return sum(F.cross_entropy(model(x), y).item() for x, y in batches) / len(batches)
+
+
+@memo
+def judge_accumulate(seen):
+    """accumulate_result accumulate_allreduce accumulate_loss"""
+    world = len(seen)
+    reference = lesson7_small_model()
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
+    for step in range(OPT_STEPS):
+        pairs = [pair for r in range(world) for pair in lesson7_micro_batches(step, r)]
+        x, y = torch.cat([p[0] for p in pairs]), torch.cat([p[1] for p in pairs])
+        ref_opt.zero_grad()
+        F.cross_entropy(reference(x), y).backward()
+        ref_opt.step()
+    ref = torch.cat([p.detach().flatten() for p in reference.parameters()])
+    params = ref.numel()
+    result, allreduce, losses, notes = [], [], [], []
+    for rank, observed in enumerate(seen):
+        per_step = [step["allreduced"] for step in observed["steps"]]
+        mine_losses = []
+        for step, done in enumerate(observed["steps"]):
+            start = lesson7_small_model()
+            start.load_state_dict(done["start"])
+            want = judge_mean_loss(start, lesson7_micro_batches(step, rank))
+            got = done["returned"]
+            where = f"rank {rank}, step {step + 1}"
+            if not isinstance(got, float):
+                mine_losses.append(f"{where}: accumulation_step returned a "
+                                   f"{type(got).__name__}, not a float")
+            elif abs(got - want) > 1e-5 * max(1.0, abs(want)):
+                mine_losses.append(f"{where}: accumulation_step returned {got:.6f}; this "
+                                   f"rank's mean loss over its K micro-batches, before the "
+                                   f"step, is {want:.6f}")
+        mine = observed["parameters"]
+        rank_result = []
+        if not close(mine, ref, rtol=0, atol=float("inf")):
+            rank_result.append(f"rank {rank}: the trained model has not the model's "
+                               "parameters")
+            diff = float("inf")
+        else:
+            diff = (mine - ref).abs().max().item()
+            if not diff <= 1e-5:
+                rank_result.append(f"rank {rank}: after {OPT_STEPS} steps of K={K} "
+                                   f"micro-batches the parameters differ from one process on "
+                                   f"the big batches by {diff:.2e}")
+            first = seen[0]["parameters"]
+            if not (isinstance(first, torch.Tensor) and first.shape == mine.shape
+                    and torch.equal(first, mine)):
+                rank_result.append(f"rank {rank}: the ranks ended with different parameters")
+        notes.append((f"max difference {diff:.1e}", f"values all-reduced per step: {per_step}"))
+        if rank_result:
+            allreduce.append(f"rank {rank}: the result is wrong (see accumulate_result)")
+        elif any(type(n) is not int or not params <= n < 2 * params for n in per_step):
+            allreduce.append(f"rank {rank}: gradient values all-reduced per optimizer step: "
+                             f"{per_step}; the {params} parameters once each is {params} "
+                             f"(K={K} micro-batches: no_sync on all but the last)")
+        result += rank_result
+        losses += mine_losses[:1]
+    return {"accumulate_result": (result, notes[0][0]),
+            "accumulate_allreduce": (allreduce, notes[0][1]),
+            "accumulate_loss": (losses, "")}
 
 
 def assert_ok(world_size, name):
