@@ -1,13 +1,17 @@
-"""The grading tests' torchrun jobs: launched once per module and world size, or replayed.
+"""The grading tests' submission and torchrun jobs: the judge's side of the sandbox.
 
-A grading worker checks every exercise of its lesson in one job and prints one line per
-check; the tests share the job and each asserts its own lines.
+`graded(lesson)` gives each grading module the submission's exercises, reached only through
+its sandboxed process (ddpcourse/course/sandbox.py). A grading worker runs every exercise of
+its lesson in one job inside that sandbox and reports what it observed, as data; `judged`
+turns the observations into one line per verdict here, in the judge, with the grading
+module's own judges. The tests share the job and each asserts its own line.
 
 COURSE_GRADING_JOBS=DIR replays instead of launching: the job's result is read from
-DIR/<name>.json ({"returncode", "stdout", "stderr"}). `make grade-class` and the project's
-own tests use it to grade many submissions with one launch per job (the workers take
---submissions A,B,...), then score each submission with the real grading tests
-(ddpcourse/course/batched_jobs.py).
+DIR/<name>.json ({"returncode", "stdout", "stderr"}) and its observations from DIR/<name>.pt.
+The project's own tests use it to grade many of their own wrong submissions with one launch
+per job (the workers take --submissions A,B,...; ddpcourse/course/batched_jobs.py), then
+score each with the real grading tests. Students are never graded that way: each is graded
+in a sandbox of its own.
 """
 
 import json
@@ -102,13 +106,6 @@ def allow_the_launch(seconds: float) -> None:
         signal.setitimer(signal.ITIMER_REAL, seconds)
 
 
-def report_of(job: Job) -> str:
-    """What a grading job printed (one line per check), launched once per test session."""
-    result = run_job(job)
-    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
-    return result.stdout
-
-
 def verdict(stdout: str, name: str) -> str:
     """The one line of a job's report about check `name`."""
     lines = [line for line in stdout.splitlines() if line.startswith(f"{name}: ")]
@@ -141,3 +138,32 @@ def judged(job: Job, verdicts: dict, summarise=lambda problems: "; ".join(proble
         lines.append(f"{name}: FAILED: {summarise(problems)}" if problems else
                      f"{name}: ok on {world} ranks" + (f", {note}" if note else ""))
     return "\n".join(lines) + "\n"
+
+
+class Unreadable(tuple):
+    """The verdict of observations that are not what the worker writes (a submission that
+    returned something odd, or forged them): (problems, note), for every verdict name too."""
+
+    def __new__(cls, error):
+        return super().__new__(cls, ([f"unexpected observation ({error!r})"], ""))
+
+    def __getitem__(self, key):
+        return tuple(self) if isinstance(key, str) else super().__getitem__(key)
+
+
+def judge_once(judge):
+    """A judge of every rank's observations of one check, run once per job (the check's
+    verdicts share it); observations of the wrong shape fail every verdict it gives."""
+    done = {}
+
+    def once(seen):
+        key = tuple(id(x) for x in seen)  # the job's own objects, kept alive below
+        if key not in done:
+            try:
+                done[key] = (seen, judge(seen))
+            except (KeyError, TypeError, IndexError, AttributeError, ValueError,
+                    RuntimeError) as error:
+                done[key] = (seen, Unreadable(error))
+        return done[key][1]
+    once.__name__ = judge.__name__
+    return once

@@ -425,6 +425,37 @@ def accumulate_in_one_process(ex, k, steps=2):
 
 # --- lesson 8 --------------------------------------------------------------------------------
 
+ZERO_STEPS, ZERO_BATCH = 3, 12   # 12 samples: an equal share at W = 1, 2 and 3
+PIPELINE_RUNS = [(3, 12), (4, 8)]   # (micro-batches, batch)
+HIDDEN = 16
+
+
+def lesson8_zero_model():
+    """Parameters of many sizes (24 to 576 elements), so the split by size matters."""
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(24, 24), nn.Tanh(), nn.Linear(24, 24), nn.Tanh(),
+                         nn.Linear(24, 24), nn.Tanh(), nn.Linear(24, 4))
+
+
+def lesson8_idle_model(world):
+    """Fewer parameters than ranks (one at W = 2, two at W = 3): the last rank owns none."""
+    torch.manual_seed(2)
+    return nn.Sequential(nn.Linear(24, 4, bias=world > 2))
+
+
+def lesson8_zero_batch(step):
+    g = torch.Generator().manual_seed(step)
+    return torch.randn(ZERO_BATCH, 24, generator=g), torch.randint(0, 4, (ZERO_BATCH,),
+                                                                   generator=g)
+
+
+def lesson8_stages():
+    torch.manual_seed(1)
+    first = nn.Sequential(nn.Linear(10, HIDDEN), nn.Tanh())
+    second = nn.Sequential(nn.Linear(HIDDEN, HIDDEN), nn.Tanh(), nn.Linear(HIDDEN, 5))
+    return first, second
+
+
 class RanTheStage(Exception):
     pass
 

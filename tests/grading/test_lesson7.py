@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from jobs import Job, graded, judged, verdict
+from jobs import Job, graded, judge_once, judged, verdict
 from probes import (
     CHANNELS,
     CONFIGS,
@@ -84,35 +84,6 @@ def summary(problems: list[str]) -> str:
     told = [(f"rank{'s' if len(r) > 1 else ''} {', '.join(r)}: " if r else "") + text
             for text, r in ranks_of.items()]
     return "; ".join(told[:3]) + (f"; and {len(told) - 3} more" if len(told) > 3 else "")
-
-
-def memo(judge):
-    """A judge of every rank's observations of a check, run once per job (the check's
-    verdicts share it); observations that are not what the worker writes fail them all."""
-    done = {}
-
-    def once(seen):
-        key = id(seen[0]) if seen else None  # the job's own objects, kept by its cache
-        if key not in done:
-            try:
-                done[key] = (seen, judge(seen))
-            except (KeyError, TypeError, IndexError, AttributeError, ValueError,
-                    RuntimeError) as error:
-                done[key] = (seen, UnreadableObservations(
-                    [f"unexpected observation ({error!r})"]))
-        return done[key][1]
-    return once
-
-
-class UnreadableObservations(dict):
-    """Every verdict of a check whose observations were not what a worker writes."""
-
-    def __init__(self, problem):
-        super().__init__()
-        self.problem = problem
-
-    def __missing__(self, name):
-        return self.problem, ""
 
 
 def group_name(ranks) -> str:
@@ -223,7 +194,7 @@ def overlap_problems(where, launches, waits):
     return []
 
 
-@memo
+@judge_once
 def judge_bucketed(seen):
     """bucketed_result bucketed_buckets bucketed_overlap"""
     world = len(seen)
@@ -341,7 +312,7 @@ def sync_bn_call_problems(call, observed, rank, ranks, group_given, buffers, gen
     return forward, backward, traffic
 
 
-@memo
+@judge_once
 def judge_sync_bn(seen):
     """sync_bn_forward sync_bn_backward sync_bn_running sync_bn_traffic"""
     world = len(seen)
@@ -389,7 +360,7 @@ def judge_mean_loss(model, batches) -> float:
         return sum(F.cross_entropy(model(x), y).item() for x, y in batches) / len(batches)
 
 
-@memo
+@judge_once
 def judge_accumulate(seen):
     """accumulate_result accumulate_allreduce accumulate_loss"""
     world = len(seen)

@@ -7,10 +7,21 @@ each rank keeps and the bytes step() communicates; the messages between the pipe
 stages, and what it must refuse before it sends anything."""
 
 
+import math
+
 import pytest
 import torch
 import torch.nn as nn
-from jobs import Job, graded, report_of, verdict
+from jobs import Job, graded, judge_once, judged, verdict
+from probes import (
+    HIDDEN,
+    PIPELINE_RUNS,
+    ZERO_STEPS,
+    lesson8_idle_model,
+    lesson8_stages,
+    lesson8_zero_batch,
+    lesson8_zero_model,
+)
 
 # world size -> its job
 JOBS = {w: Job(f"lesson8_W{w}", "lesson8_parallel.py", nproc=w) for w in (2, 3)}
@@ -160,7 +171,352 @@ def test_bad_input_is_refused(ex):
 # --- the two exercises that run in a real job --------------------------------------------
 
 def job(world_size):
-    return report_of(JOBS[world_size])
+    """The lesson 8 job at `world_size`, judged here from what its ranks saw."""
+    return judged(JOBS[world_size], {
+        **{name: ("zero1", lambda seen, n=name: judge_zero1(seen)[n])
+           for name in ("zero1", "zero1_state", "zero1_balance", "zero1_gather")},
+        "zero1_group": ("zero1_group", judge_zero1_group),
+        "zero1_idle": ("zero1_idle", judge_zero1_idle),
+        **{name: ("pipeline", lambda seen, n=name: judge_pipeline(seen)[n])
+           for name in ("pipeline", "pipeline_messages", "pipeline_schedule")},
+        **{name: ("pipeline_refusals", lambda seen, n=name: judge_refusals(seen, n))
+           for name in ("pipeline_group_refused", "pipeline_split_refused")}},
+        summarise=summary)
+
+
+# --- the job's judges ------------------------------------------------------------------------
+
+TOLERANCE = 1e-5
+OPTIMIZERS = [(torch.optim.SGD, {"lr": 0.1, "momentum": 0.9}, 1),   # (class, defaults,
+              (torch.optim.Adam, {"lr": 0.01}, 2)]                    #  state buffers)
+
+
+def summary(problems: list[str]) -> str:
+    return "; ".join(list(dict.fromkeys(problems))[:6])  # the same problem on every rank: once
+
+
+def plain_trained(make_model, optimizer_class, defaults) -> torch.Tensor:
+    """The reference: the plain optimizer on the whole batch, ZERO_STEPS steps."""
+    model = make_model()
+    optimizer = optimizer_class(model.parameters(), **defaults)
+    for step in range(ZERO_STEPS):
+        x, y = lesson8_zero_batch(step)
+        nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    return torch.cat([p.detach().flatten() for p in model.parameters()])
+
+
+def parameter_problems(mine, reference, who) -> list[str]:
+    if not isinstance(mine, torch.Tensor) or mine.shape != reference.shape:
+        return [f"{who}: the model's parameters did not come back"]
+    diff = (mine - reference).abs().max().item()
+    if not diff <= TOLERANCE:
+        return [f"{who}: after {ZERO_STEPS} steps the parameters differ from the plain "
+                f"optimizer's by {diff:.2e}"]
+    return []
+
+
+def largest_first(sizes, world):
+    """The fullest rank's share under the rule in Zero1Optimizer's docstring."""
+    held = [0] * world
+    for size in sorted(sizes, reverse=True):
+        held[held.index(min(held))] += size
+    return max(held)
+
+
+def shard_problems(facts, sizes, rank, size, who):
+    """(problems, owners, elements of state kept) on this rank, which is `rank` of a group
+    of `size`: one owner in 0..size-1 per parameter; one optimizer made, self.optimizer,
+    over exactly the parameters this rank owns, with state for them only (none made, and
+    self.optimizer None, where it owns none). Owners -1 where self.owners is no such list."""
+    problems = []
+    if facts["params_given"] is not True:
+        problems.append(f"{who}: self.params is not the list of parameters given")
+    owners = facts["owners"]
+    if not isinstance(owners, list) or len(owners) != len(sizes) or \
+            not all(o in range(size) for o in owners):
+        problems.append(f"{who}: self.owners is not one rank in 0..{size - 1} per parameter "
+                        "(ranks in the optimizer's group)")
+        owners = [-1] * len(sizes)
+    owned = {i for i, o in enumerate(owners) if o == rank}
+    owned_numel = sum(sizes[i] for i in owned)
+    made = facts["made"]
+    if not owned and (made or facts["inner_none"] is not True):
+        problems.append(f"{who}: this rank owns no parameter, yet {made} optimizers of "
+                        "the class given were made; there must be none, self.optimizer None")
+    elif owned and (made != 1 or facts["inner_is_made"] is not True):
+        problems.append(f"{who}: {made} optimizers of the class given were made; there "
+                        "must be one, self.optimizer, over this rank's shard")
+    stepped = facts["stepped"]
+    if set(stepped) != owned or len(stepped) != len(owned):
+        problems.append(f"{who}: the optimizer holds {len(stepped)} parameters "
+                        f"({sum(sizes[i] for i in stepped if i >= 0)} elements of the model's); "
+                        f"this rank owns {len(owned)} ({owned_numel} elements)")
+    kept = sum(numel for _, numel in facts["state"])
+    foreign = sum(1 for i, _ in facts["state"] if i not in owned)
+    if foreign:
+        problems.append(f"{who}: state kept for {foreign} parameters other ranks own")
+    return problems, owners, kept
+
+
+def sharing(op: str) -> bool:
+    return "broadcast" in op or gathering(op)
+
+
+def gathering(op: str) -> bool:
+    return "allgather" in op or "all_gather" in op
+
+
+def share_problems(steps, sizes_bytes, owners, members, who):
+    """What each step() moved on this rank, a member of the group of global ranks
+    `members`: broadcast or all_gather only, on that group; no barrier, no message; in
+    bytes, exactly the parameters' by broadcast, at most the group's size times the
+    fullest shard by all_gather (the shards padded to equal length); in a group of one,
+    nothing or the parameters' bytes."""
+    size = len(members)
+    needed = sum(sizes_bytes)
+    if -1 in owners:
+        fullest = largest_first(sizes_bytes, size)
+    else:
+        fullest = max(sum(b for b, o in zip(sizes_bytes, owners, strict=True) if o == r)
+                      for r in range(size))
+    problems = []
+    for seen in steps:
+        collectives = seen["collectives"]
+        wrong = sorted({op for op, *_ in collectives if not sharing(op)})
+        if wrong:
+            problems.append(f"{who}: step() called {', '.join(wrong)}; it should only "
+                            "broadcast or all_gather the updated parameters")
+        if seen["barriers"]:
+            problems.append(f"{who}: step() waited at {seen['barriers']} barrier(s) a step; a "
+                            "broadcast already waits for its data")
+        if seen["messages"]:
+            problems.append(f"{who}: step() sent or received {seen['messages']} messages; "
+                            "use broadcast or all_gather")
+        elsewhere = sorted({tuple(on) for *_, on in collectives
+                            if on is not None and list(on) != members})
+        if elsewhere:
+            problems.append(f"{who}: step() ran collectives on global ranks "
+                            f"{', '.join(map(str, elsewhere))}; the optimizer's are {members}")
+        # torch's functional all_gather is recorded by its input: the output is size times it
+        moved = sum(nbytes * (size if gathering(op) and not op.startswith("c10d::") else 1)
+                    for op, _, nbytes, _ in collectives if sharing(op))
+        gathers = any(gathering(op) for op, *_ in collectives)
+        if not (moved == needed or (gathers and needed <= moved <= size * fullest)
+                or (size == 1 and moved == 0)):
+            problems.append(f"{who}: a step() moved {moved} bytes by broadcast / all_gather; "
+                            f"sharing the parameters takes {needed} by broadcast, at most "
+                            f"{size} x the fullest shard = {size * fullest} by all_gather")
+    return problems
+
+
+@judge_once
+def judge_zero1(seen):
+    world = len(seen)
+    sizes = [p.numel() for p in lesson8_zero_model().parameters()]
+    found = {"zero1": [], "zero1_state": [], "zero1_balance": [], "zero1_gather": []}
+    notes = []
+    for i, (optimizer_class, defaults, buffers) in enumerate(OPTIMIZERS):
+        name = optimizer_class.__name__
+        reference = plain_trained(lesson8_zero_model, optimizer_class, defaults)
+        runs = [observed[i] for observed in seen]
+        kept_all, owners_all = [], []
+        for rank, run in enumerate(runs):
+            who = f"rank {rank}, {name}"
+            if rank == 0 and isinstance(run["parameters"], torch.Tensor) and \
+                    run["parameters"].shape == reference.shape:
+                notes.append(f"{name} off by "
+                             f"{(run['parameters'] - reference).abs().max():.1e}")
+            found["zero1"] += parameter_problems(run["parameters"], reference, who)
+            problems, owners, kept = shard_problems(run, sizes, rank, world, who)
+            found["zero1_state"] += problems
+            kept_all.append(kept)
+            owners_all.append(owners)
+            if -1 not in owners:
+                held = [sum(s for s, o in zip(sizes, owners, strict=True) if o == r)
+                        for r in range(world)]
+                best = largest_first(sizes, world)
+                if max(held) > best:
+                    found["zero1_balance"].append(
+                        f"{name}: the shards hold {held} elements; giving the largest "
+                        f"parameter first to the emptiest rank fills none beyond {best}")
+            else:
+                found["zero1_balance"].append(
+                    f"{name}: no owner per parameter to weigh (self.owners)")
+            found["zero1_gather"] += share_problems(run["steps"], [4 * s for s in sizes],
+                                                    owners, list(range(world)), who)
+        firsts = runs[0]["parameters"]
+        if any(not (isinstance(r["parameters"], torch.Tensor) and isinstance(firsts, torch.Tensor)
+                    and r["parameters"].shape == firsts.shape
+                    and torch.equal(r["parameters"], firsts)) for r in runs):
+            found["zero1"].append(f"{name}: the ranks ended with different parameters")
+        if any(o != owners_all[0] for o in owners_all):
+            found["zero1_state"].append(f"{name}: the ranks disagree on who owns which "
+                                        "parameter")
+        full = buffers * sum(sizes)
+        if sum(kept_all) != full:
+            found["zero1_state"].append(
+                f"{name}: the ranks keep {kept_all} elements of optimizer state, "
+                f"{sum(kept_all)} in all; the model's full state is {full}, to be kept once")
+    return {"zero1": (found["zero1"], "; ".join(notes)),
+            **{name: (found[name], "") for name in ("zero1_state", "zero1_balance",
+                                                   "zero1_gather")}}
+
+
+@judge_once
+def judge_zero1_group(seen):
+    world = len(seen)
+    members = [1] if world == 2 else [1, 2]
+    where = f"in the group of global ranks {members}"
+    sizes = [p.numel() for p in lesson8_zero_model().parameters()]
+    reference = plain_trained(lesson8_zero_model, torch.optim.Adam, {"lr": 0.01})
+    problems = []
+    for rank, run in enumerate(seen):
+        if rank not in members:
+            continue
+        group_rank = members.index(rank)
+        who = f"rank {rank} (rank {group_rank} of the group of global ranks {members}), Adam"
+        shard, owners, _ = shard_problems(run, sizes, group_rank, len(members), who)
+        problems += (parameter_problems(run["parameters"], reference, who) + shard
+                     + share_problems(run["steps"], [4 * s for s in sizes], owners, members,
+                                      who))
+    return problems, where
+
+
+@judge_once
+def judge_zero1_idle(seen):
+    world = len(seen)
+    model = lesson8_idle_model(world)
+    sizes = [p.numel() for p in model.parameters()]
+    reference = plain_trained(lambda: lesson8_idle_model(world), torch.optim.SGD,
+                              {"lr": 0.1, "momentum": 0.9})
+    problems = []
+    for rank, run in enumerate(seen):
+        who = f"rank {rank}, {len(sizes)} parameters on {world} ranks"
+        problems += parameter_problems(run["parameters"], reference, who)
+        problems += shard_problems(run, sizes, rank, world, who)[0]
+    return problems, ""
+
+
+def pipeline_result_problems(run, expected, loss, me, where):
+    problems = []
+    names = [n for n, _ in lesson8_stages()[me].named_parameters()]
+    for name, got, want in zip(names, run["grads"], expected, strict=True):
+        if got is None:
+            problems.append(f"{where}: {name} has no gradient")
+        elif not isinstance(got, torch.Tensor) or got.shape != want.shape:
+            problems.append(f"{where}: the gradient of {name} has not its parameter's shape")
+        elif not torch.allclose(got, want, rtol=1e-4, atol=1e-6):
+            off = (got - want).abs().max().item()
+            problems.append(f"{where}: the gradient of {name} differs from the unsplit model's "
+                            f"(plus the {0.5} already there) by {off:.2e}")
+    returned = run["returned"]
+    if me == 0 and returned["kind"] != "None":
+        problems.append(f"{where}: returned {returned['kind']}, not None")
+    if me == 1:
+        if returned["kind"] != "tensor" or returned["dim"] != 0:
+            problems.append(f"{where}: returned {returned.get('shown', 'None')}, not the loss "
+                            "as a 0-d tensor")
+        elif returned["graph"] is not False:
+            problems.append(f"{where}: the loss returned still carries its graph")
+        elif abs(returned["value"].item() - loss) > 1e-5:
+            problems.append(f"{where}: returned loss {returned['value'].item():.6f}; the whole "
+                            f"batch's is {loss:.6f}")
+    return problems
+
+
+def pipeline_message_problems(run, micro, shape, me, where):
+    problems = []
+    if run["collectives"]:
+        problems.append(f"{where}: called {', '.join(run['collectives'])}; a pipeline only "
+                        "sends and receives")
+    size = math.prod(shape)
+    sent = [m for m in run["messages"] if m[0] == "send"]
+    received = [m for m in run["messages"] if m[0] == "recv"]
+    if len(sent) != micro or len(received) != micro:
+        problems.append(f"{where}: sent {len(sent)} and received {len(received)} messages; one "
+                        f"per micro-batch each way is {micro} and {micro}")
+    sizes = sorted({(m[2], m[3]) for m in sent + received})
+    if sizes and sizes != [(size, 4 * size)]:
+        found = ", ".join(f"{n} elements ({b} bytes)" for n, b in sizes)
+        problems.append(f"{where}: messages of {found}; one micro-batch's float32 activation "
+                        f"(and its gradient) is {size} elements ({4 * size} bytes)")
+    peers = {m[1] for m in sent} | {m[1] for m in received if m[1] is not None}
+    if peers - {1 - me}:
+        problems.append(f"{where}: messages with group ranks {sorted(peers, key=str)}; the "
+                        f"other stage is group rank {1 - me}")
+    return problems
+
+
+def pipeline_schedule_problems(run, micro, me, where, counted):
+    if counted:
+        return [f"{where}: the messages are not one per micro-batch each way (see "
+                "pipeline_messages), so the schedule cannot be read from them"]
+    forward = "send" if me == 0 else "recv"
+    kinds = [m[0] for m in run["messages"]]
+    if kinds[:micro] != [forward] * micro:
+        order = " ".join("A" if k == forward else "G" for k in kinds)
+        return [f"{where}: activations (A) and gradients (G) crossed in the order {order}; "
+                f"GPipe runs all {micro} forwards before the first backward"]
+    return []
+
+
+@judge_once
+def judge_pipeline(seen):
+    world = len(seen)
+    members = [0, 1] if world == 2 else [1, 2]
+    note = "the world" if world == 2 else "the group of ranks 1 and 2"
+    found = {"pipeline": [], "pipeline_messages": [], "pipeline_schedule": []}
+    for rank in members:
+        me = members.index(rank)
+        for (micro, batch), run in zip(PIPELINE_RUNS, seen[rank], strict=True):
+            g = torch.Generator().manual_seed(micro)
+            x, y = torch.randn(batch, 10, generator=g), torch.randint(0, 5, (batch,),
+                                                                     generator=g)
+            first, second = lesson8_stages()
+            loss = nn.functional.cross_entropy(second(first(x)), y)
+            loss.backward()
+            expected = [0.5 + p.grad for p in (first, second)[me].parameters()]
+            shape = (batch // micro, HIDDEN)
+            where = f"stage {me} (rank {rank}), {micro} micro-batches of {batch // micro}"
+            found["pipeline"] += pipeline_result_problems(run, expected, loss.item(), me, where)
+            counted = pipeline_message_problems(run, micro, shape, me, where)
+            found["pipeline_messages"] += counted
+            found["pipeline_schedule"] += pipeline_schedule_problems(run, micro, me, where,
+                                                                     counted)
+    return {name: (problems, note) for name, problems in found.items()}
+
+
+def judge_refusals(seen, verdict_name):
+    """What each rank's pipeline_step did with arguments it must refuse: a one-line
+    ValueError, before any message or collective; every case each rank took part in."""
+    world = len(seen)
+    cases = {"pipeline_group_refused": lambda rank: 1 + (world != 2),
+             "pipeline_split_refused": lambda rank: 2 if rank in ([0, 1] if world == 2
+                                                                   else [1, 2]) else 0}
+    problems = []
+    for rank, outcomes in enumerate(seen):
+        mine = [outcome for verdict, outcome in outcomes if verdict == verdict_name]
+        if len(mine) != cases[verdict_name](rank):
+            problems.append(f"rank {rank}: {len(mine)} of the cases were reported")
+        for outcome in mine:
+            who, raised = outcome["who"], outcome["raised"]
+            if raised == "ValueError":
+                if outcome["one_line"] is not True:
+                    problems.append(f"{who}: the ValueError says more than one line")
+                if outcome["messages"] or outcome["collectives"]:
+                    problems.append(f"{who}: {outcome['messages']} messages and "
+                                    f"{outcome['collectives']} collectives before the "
+                                    "ValueError; refuse before sending or receiving anything")
+            elif raised == "RanTheStage":
+                problems.append(str(outcome["text"]))
+            elif raised == "other":
+                problems.append(f"{who}: {outcome['text']}, not a ValueError")
+            else:
+                problems.append(f"{who}: accepted; pipeline_step must raise ValueError")
+    return problems, ""
+
 
 
 def assert_ok(world_size, name):

@@ -12,7 +12,6 @@ store, not through a process group (which the code under test may have broken).
 
 import argparse
 import io
-import json
 import os
 import sys
 from contextlib import contextmanager
@@ -45,18 +44,6 @@ def group_of_its_own(store, name: str, timeout: timedelta):
             dist.destroy_process_group()
         except Exception:  # a group the check broke
             pass
-
-
-def everyones_verdict(store, name: str, verdict: str) -> list[str]:
-    """Every rank's verdict for the check `name`, this rank's included, in rank order."""
-    keys = [f"verdict/{name}/{r}" for r in range(WORLD)]
-    store.set(keys[RANK], verdict)
-    try:
-        store.wait(keys, VERDICT_WAIT)
-        return [store.get(k).decode() for k in keys]
-    except Exception:  # a rank died or is stuck: report what arrived
-        return [store.get(k).decode() if store.check([k]) else "no verdict (stuck?)"
-                for k in keys]
 
 
 def one_line(error: BaseException) -> str:
@@ -93,20 +80,6 @@ def select_submission(submission: str | None, store=None, tag: str = "") -> None
         announce("submission", submission)
 
 
-def grade_each_submission(run_checks, description: str) -> None:
-    """A worker's main: run_checks(store, tag) -> report lines, once per submission."""
-    parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("--submissions", default="",
-                        help="comma-separated submission folders to grade one after another")
-    args = parser.parse_args()
-    store = launcher_store()
-    for i, submission in enumerate(submissions_to_grade(args.submissions)):
-        select_submission(submission, store, tag=str(i))
-        lines = run_checks(store, tag=str(i))
-        if RANK == 0:
-            print("\n".join(lines), flush=True)
-
-
 def exercises_or_error(lesson: int):
     """(the graded module, None), or (None, why it could not be imported): a submission that
     fails to import fails every check of the job, each with that one line."""
@@ -116,35 +89,6 @@ def exercises_or_error(lesson: int):
         return load_exercises(lesson), None
     except BaseException as error:  # the submission's own code ran: anything may come out
         return None, f"could not import the exercises: {one_line(error)}"
-
-
-def run_checks(store, tag: str, lesson: int, checks: dict, verdicts: dict, timeout: timedelta,
-               summarise=lambda problems: "; ".join(problems[:4])) -> list[str]:
-    """Every check of a lesson's worker, each in a process group of its own: checks[name](ex)
-    returns {verdict: (problems on this rank, note)} for the names in verdicts[name]. Every
-    rank's verdicts are gathered through the store; one report line per verdict."""
-    ex, import_error = exercises_or_error(lesson)
-    lines = []
-    for check, fn in checks.items():
-        with group_of_its_own(store, f"lesson{lesson}/{tag}/{check}", timeout):
-            try:
-                if import_error:
-                    raise RuntimeError(import_error)
-                outcome = fn(ex)
-            except BaseException as error:  # the graded code raised: the next check runs
-                outcome = {name: ([f"rank {RANK}: {one_line(error)}"], "")
-                           for name in verdicts[check]}
-            for name in verdicts[check]:
-                gathered = [json.loads(v) if v.startswith("[") else ([v], "") for v in
-                            everyones_verdict(store, f"lesson{lesson}/{tag}/{name}",
-                                              json.dumps(outcome[name]))]
-                problems = [p for per_rank, _ in gathered for p in per_rank]
-                if problems:
-                    lines.append(f"{name}: FAILED: " + summarise(problems))
-                else:
-                    note = gathered[0][1]
-                    lines.append(f"{name}: ok on {WORLD} ranks" + (f", {note}" if note else ""))
-    return lines
 
 
 # --- observations, judged elsewhere ------------------------------------------------------------
