@@ -1,11 +1,13 @@
-"""A lesson's grading jobs, launched once for many submissions, and each submission's share.
+"""A lesson's grading jobs, launched once for many of the course's own submissions, and
+each one's share.
 
-Most of a grading job's time is its start (every rank imports torch), so a class pays it once
-per job, not once per student: the grading workers grade several folders in one launch
-(--submissions A,B,...). Each submission's share of a job's report is written where the
-grading tests replay it (COURSE_GRADING_JOBS=DIR reads DIR/<job name>.json, see
-tests/grading/jobs.py), and the real grading tests then score each submission from its
-share. `make grade-class` and tests/project/test_grader_catches_mistakes.py use this.
+The project's tests grade dozens of wrong submissions of their own (tests/project/
+wrong_submissions): the grading workers grade several folders in one launch (--submissions
+A,B,...), so the jobs start once, not once per folder. Each folder's share (its report and
+its observations) is written where the grading tests replay it (COURSE_GRADING_JOBS=DIR reads
+DIR/<job name>.json and .pt, see tests/grading/jobs.py), and the real grading tests then judge
+each folder from its share. Students are never graded this way: their code would share
+processes. `make grade-class` grades each student alone, in a sandbox of their own.
 
 One submission costs only itself. The workers announce each submission (`### submission X`,
 lesson 6 also `### drill X`) before any of its code runs, so when a job stops early (a rank

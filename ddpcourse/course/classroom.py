@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import hashlib
 import json
 import os
 import subprocess
@@ -68,6 +69,8 @@ jobs:
           # GitHub's runners have no GPU: torch's CPU wheels, a fraction of the download.
           PIP_EXTRA_INDEX_URL: https://download.pytorch.org/whl/cpu
         run: make setup
+      - name: Check the grader (the student's push must not change it)
+        run: .venv/bin/python -m ddpcourse.course.classroom verify {digest}
       - name: Which exercises to grade
         # The instructor's copy has the reference solutions: there the workflow checks itself
         # (full marks). A student's copy has none: its lessons/*/exercises.py are graded.
@@ -121,6 +124,32 @@ def grader_points() -> dict[str, float]:
     return {name: s["possible"] for name, s in summarise(tests).items()}
 
 
+GRADER_FILES = ("tests/grading", "ddpcourse/course", "ddpcourse/exercises.py")
+
+
+def grader_digest(root: Path = ROOT) -> tuple[str, dict[str, str]]:
+    """SHA-256 of the grader's files (their names and bytes), and each file's own."""
+    files = {}
+    for part in GRADER_FILES:
+        base = root / part
+        for path in sorted([base] if base.is_file() else base.rglob("*.py")):
+            files[str(path.relative_to(root))] = hashlib.sha256(path.read_bytes()).hexdigest()
+    whole = hashlib.sha256("".join(f"{k} {v}\n" for k, v in sorted(files.items())).encode())
+    return whole.hexdigest(), files
+
+
+def cmd_verify(args) -> int:
+    digest, files = grader_digest()
+    print(f"grader digest: {digest}")
+    if digest != args.digest:
+        print(f"::error::the grader differs from the one this workflow was written for "
+              f"({args.digest}); its files now: " + "; ".join(f"{k} {v[:12]}"
+                                                              for k, v in files.items()),
+              file=sys.stderr)
+        return 1
+    return 0
+
+
 def workflow_text(points: dict[str, float]) -> str:
     """The workflow: set up, then per lesson one grading run and a step per exercise."""
     steps, runners, lines = [], [], []
@@ -139,7 +168,8 @@ def workflow_text(points: dict[str, float]) -> str:
     env = "\n".join(f"          {r.upper()}_RESULTS: ${{{{ steps.{r}.outputs.result }}}}"
                     for r in runners)
     # One lesson a line: the reporter splits its runners at commas and white space.
-    return HEADER + "".join(steps) + REPORTER.format(env=env,
+    header = HEADER.replace("{digest}", grader_digest()[0])
+    return header + "".join(steps) + REPORTER.format(env=env,
                                                      runners="\n".join(lines).rstrip(","))
 
 
@@ -199,6 +229,9 @@ def main(argv: list[str] | None = None) -> int:
     write = sub.add_parser("workflow", help="write the workflow from the grader's points")
     write.add_argument("--out", type=Path, default=None, help="a file (default: stdout)")
     write.set_defaults(func=cmd_workflow)
+    verify = sub.add_parser("verify", help="fail unless the grader's files have this digest")
+    verify.add_argument("digest")
+    verify.set_defaults(func=cmd_verify)
     one = sub.add_parser("report", help="one exercise's points, as the step output `result`")
     one.add_argument("grades", type=Path, help="the folder a grading run wrote")
     one.add_argument("exercise")

@@ -130,8 +130,8 @@ os._exit(status)
 '''
 
 
-def start(folder: str, real: str = sys.executable) -> subprocess.Popen:
-    """Start a server and write its stand-ins into `folder`; returns the server process."""
+def write_stand_ins(folder: str, real: str) -> str:
+    """The stand-ins `python` and `torchrun` in `folder`; returns the server's socket path."""
     os.chmod(folder, 0o755)  # a test may run a stand-in as another user: it falls back
     os.makedirs(os.path.join(folder, "pids"), exist_ok=True)
     sock = os.path.join(folder, "server.sock")
@@ -144,9 +144,36 @@ def start(folder: str, real: str = sys.executable) -> subprocess.Popen:
             f.write(STAND_IN.format(real=real, socket=sock, netns=netns, prefix=prefix,
                                     max_fds=MAX_FDS))
         os.chmod(path, 0o755)
+    return sock
+
+
+def start(folder: str, real: str = sys.executable) -> subprocess.Popen:
+    """Start a server and write its stand-ins into `folder`; returns the server process."""
+    sock = write_stand_ins(folder, real)
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
     return subprocess.Popen([real, os.path.abspath(__file__), sock, str(os.getpid())],
                             env=env, stdin=subprocess.DEVNULL, start_new_session=True)
+
+
+def start_forked(folder: str, close_fds: tuple[int, ...] = ()) -> int:
+    """A server that is a fork of this process (which has imported torch already): its
+    stand-ins in `folder`; returns the server's pid. For a grading sandbox, before any of the
+    submission's code has run in this process. It closes close_fds (the caller's channels)."""
+    global BASE_PATH
+    sock = write_stand_ins(folder, sys.executable)
+    owner = os.getpid()
+    pid = os.fork()
+    if pid:
+        return pid
+    try:
+        for fd in close_fds:
+            os.close(fd)
+        extra = set(os.environ.get("PYTHONPATH", "").split(":"))
+        BASE_PATH = [p for p in sys.path if p and p not in extra]
+        request = serve(sock, owner)
+        finish(run(request))
+    finally:
+        os._exit(1)
 
 
 def serve(sock_path: str, owner: int):

@@ -32,6 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from ddpcourse.course.lessons import exercise_markers
+from ddpcourse.course.sandbox import zygote_for_this_process
 from ddpcourse.exercises import IMPLS, ROOT
 
 GRADING_TESTS = ROOT / "tests" / "grading"
@@ -462,7 +463,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if getattr(args, "submission", None) == "":
         args.submission = None
-    return args.func(args)
+    with zygote_for_this_process():  # every sandbox of this grading forks from one template
+        return args.func(args)
 
 
 def lesson_number(text: str) -> int | None:

@@ -152,14 +152,90 @@ def processes_of(uid: int | None, root_pid: int | None) -> list[int]:
 
 
 def resident_bytes(pids: list[int]) -> int:
+    """The memory these processes hold, each shared page counted once between them: the sum
+    of their proportional set sizes (a job's ranks are forks that share torch's pages; the
+    sum of their resident sizes would count those pages once per rank)."""
     total = 0
     for pid in pids:
         try:
-            with open(f"/proc/{pid}/statm") as f:
-                total += int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+            with open(f"/proc/{pid}/smaps_rollup") as f:
+                for line in f:
+                    if line.startswith("Pss:"):
+                        total += int(line.split()[1]) * 1024
+                        break
         except (OSError, ValueError, IndexError):
             pass
     return total
+
+
+class ZygoteChild:
+    """A sandbox forked by the zygote (sandbox_child.zygote), held as Popen holds a child:
+    pid, poll(), wait(), returncode, stdout. Its exit status comes on a pipe of its own."""
+
+    def __init__(self, pid: int, stdout, status: int):
+        self.pid, self.stdout, self._status = pid, stdout, status
+        self.returncode = None
+
+    @classmethod
+    def start(cls, socket_path: str, request: dict, channels: tuple[int, int]):
+        """A new sandbox from the zygote at socket_path; None if there is none (the caller
+        starts one the slow way)."""
+        import json
+        import socket
+
+        out_r, out_w = os.pipe()
+        status_r, status_w = os.pipe()
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+                conn.settimeout(30)
+                conn.connect(socket_path)
+                body = json.dumps(request).encode()
+                socket.send_fds(conn, [struct.pack("<Q", len(body))],
+                                [*channels, out_w, status_w])
+                conn.sendall(body)
+                answer = conn.recv(8, socket.MSG_WAITALL)
+            pid = struct.unpack("<q", answer)[0]
+        except (OSError, struct.error):
+            for fd in (out_r, out_w, status_r, status_w):
+                os.close(fd)
+            return None
+        os.close(out_w)
+        os.close(status_w)
+        return cls(pid, os.fdopen(out_r, "rb"), status_r)
+
+    def poll(self):
+        if self.returncode is None and select.select([self._status], [], [], 0)[0]:
+            data = os.read(self._status, 4)
+            self.returncode = struct.unpack("<i", data)[0] if len(data) == 4 else -9
+        return self.returncode
+
+    def wait(self, timeout=None):
+        ready = select.select([self._status], [], [], timeout)[0]
+        if not ready:
+            raise subprocess.TimeoutExpired("sandbox", timeout)
+        return self.poll()
+
+
+@contextmanager
+def zygote_for_this_process():
+    """While inside: sandboxes fork from a warm template (as root only; elsewhere nothing)."""
+    if not is_root() or os.environ.get("COURSE_SANDBOX_ZYGOTE"):
+        yield
+        return
+    folder = tempfile.mkdtemp(prefix="course-zygote-")  # 0700: the grader's alone
+    path = os.path.join(folder, "zygote.sock")
+    server = subprocess.Popen(
+        [real_python(), str(Path(__file__).with_name("sandbox_child.py")), "--zygote", path,
+         "--owner", str(os.getpid())], cwd="/", stdin=subprocess.DEVNULL,
+        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "OMP_WAIT_POLICY": "PASSIVE"})
+    os.environ["COURSE_SANDBOX_ZYGOTE"] = path
+    try:
+        yield
+    finally:
+        os.environ.pop("COURSE_SANDBOX_ZYGOTE", None)
+        server.kill()
+        server.wait()
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 class Submission:
@@ -211,7 +287,10 @@ class Submission:
         python = real_python()
         cmd = [python, "-m", "ddpcourse.course.sandbox_child", f"--requests={requests_r}",
                f"--replies={replies_w}", f"--lesson={self._lesson}"]
+        if os.environ.get("COURSE_GRADING_JOBS", "").strip():  # jobs replayed: none to fork
+            cmd.append("--no-fork-server")
         self._uid = None
+        self._output = []
         if self.isolated:
             self._uid, self._uid_lock = take_uid_slot()
             for path in [home, *home.rglob("*")]:
@@ -220,16 +299,25 @@ class Submission:
             for path in (release, submission.parent):  # readable, never writable, by it
                 for p in [path, *path.rglob("*")]:
                     os.chmod(p, 0o755 if p.is_dir() else 0o644)
-            cmd += [f"--uid={self._uid}", *self._hidden(venv, scratch)]
+            hidden = self._hidden(venv, scratch)
+            zygote = os.environ.get("COURSE_SANDBOX_ZYGOTE", "")
+            self._proc = ZygoteChild.start(zygote, {
+                "uid": self._uid, "env": env, "release": str(release), "lesson": self._lesson,
+                "hide": [h.split("=", 1)[1] for h in hidden if h.startswith("--hide=")],
+                "expose": [h.split("=", 1)[1] for h in hidden if h.startswith("--expose=")],
+                "fork_server": "--no-fork-server" not in cmd},
+                (requests_r, replies_w)) if zygote else None
+            cmd += [f"--uid={self._uid}", *hidden]
             cmd = ["unshare", "--mount", "--net", "--pid", "--fork", "--kill-child",
                    "--mount-proc", "--propagation", "private", "--", *cmd]
         else:  # what it starts and leaves behind is reparented to this process, then ended
             ctypes.CDLL(None).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-        self._output = []
-        self._proc = subprocess.Popen(cmd, env=env, cwd=str(home), pass_fds=(requests_r,
-                                      replies_w), stdin=subprocess.DEVNULL,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                      start_new_session=True)
+            self._proc = None
+        if self._proc is None:
+            self._proc = subprocess.Popen(cmd, env=env, cwd=str(home),
+                                          pass_fds=(requests_r, replies_w),
+                                          stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                          stderr=subprocess.STDOUT, start_new_session=True)
         os.close(requests_r)
         os.close(replies_w)
         self._requests, self._replies = requests_w, replies_r

@@ -395,7 +395,9 @@ def judge_zero1_idle(seen):
     for rank, run in enumerate(seen):
         who = f"rank {rank}, {len(sizes)} parameters on {world} ranks"
         problems += parameter_problems(run["parameters"], reference, who)
-        problems += shard_problems(run, sizes, rank, world, who)[0]
+        shard, owners, _ = shard_problems(run, sizes, rank, world, who)
+        problems += shard + share_problems(run["steps"], [4 * s for s in sizes], owners,
+                                           list(range(world)), who)
     return problems, ""
 
 
@@ -620,7 +622,8 @@ def test_zero1_in_a_sub_group_ranks_are_group_ranks(ex, world_size):
 @pytest.mark.points(1)
 def test_zero1_a_rank_may_own_no_parameter(ex):
     """More ranks than parameters (one at W = 2, two at W = 3): the rank that owns none
-    makes no optimizer, and every rank still ends with the right parameters."""
+    makes no optimizer, every rank still ends with the right parameters, and step() still
+    only shares the parameters (a second round of gradient traffic fails here too)."""
     first_call(ex, "zero1")
     assert_ok(2, "zero1_idle")
     assert_ok(3, "zero1_idle")

@@ -20,6 +20,7 @@ import jobcache  # noqa: E402
 from jobcache import JOB_CACHE  # noqa: E402
 
 from ddpcourse.course import forkserver  # noqa: E402
+from ddpcourse.course.sandbox import zygote_for_this_process  # noqa: E402
 
 FORKSERVER = "COURSE_FORKSERVER"
 
@@ -44,11 +45,17 @@ def pytest_configure(config):
                 break
             time.sleep(0.2)
     os.environ.setdefault("COURSE_REAL_PYTHON", sys.executable)
+    # The grading sandboxes of the whole session fork from one warm template (as root).
+    config._course_zygote = zygote_for_this_process()
+    config._course_zygote.__enter__()
     if os.environ.get(FORKSERVER):  # this session's (or its xdist workers') processes use it
         sys.executable = os.path.join(os.environ[FORKSERVER], "python")
 
 
 def pytest_unconfigure(config):
+    zygote = getattr(config, "_course_zygote", None)
+    if zygote is not None:
+        zygote.__exit__(None, None, None)
     folder = getattr(config, "_course_job_cache", None)
     if folder:
         shutil.rmtree(folder, ignore_errors=True)

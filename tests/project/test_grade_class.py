@@ -1,6 +1,7 @@
-"""`make grade-class`: each job of a lesson launched once for the whole class, and every
-student scored exactly as grading them alone would score them, whatever the others' code does
-(ddpcourse/course/batched_jobs.py, ddpcourse/course/grading.py's cmd_class)."""
+"""`make grade-class`: every student scored exactly as grading them alone scores them,
+whatever the others' code does (ddpcourse/course/grading.py's cmd_class: a judge and a sandbox
+per student); and the batched launches the project's own tests use to grade their wrong
+submissions (ddpcourse/course/batched_jobs.py)."""
 
 import csv
 import json
@@ -133,7 +134,7 @@ def test_a_class_is_scored_as_grading_each_student_alone(tmp_path):
     solution = (ROOT / "solutions" / "lesson1" / "exercises.py").read_text()
     for student in ("bob", "carol", "dave"):
         (klass / student / "lesson1").mkdir(parents=True)
-    # bob's code ends every rank of the grading job, so the class's job stops in bob
+    # bob's code ends every rank of his grading job
     (klass / "bob" / "lesson1" / "exercises.py").write_text(solution + DIES_UNDER_TORCHRUN)
     # carol solved one exercise; dave all of them: both come after bob
     stubs = (ROOT / "lessons" / "lesson1" / "exercises.py").read_text()
@@ -147,8 +148,6 @@ def test_a_class_is_scored_as_grading_each_student_alone(tmp_path):
     result = run([PYTHON, "-m", "ddpcourse.course.grading", "class", str(klass), "--lesson", "1",
                   "--csv", str(out_csv), "--out", str(out)], timeout=280)
     assert result.returncode == 0, result.stderr[-2000:]
-    assert (f"stopped (exit status 1) in {klass / 'bob'}: that one is graded alone, the 2 "
-            "after it together again") in result.stderr
     assert "lesson 1: 3 submissions in " in result.stdout
     assert "3 submissions, 1 lesson, in " in result.stdout
 

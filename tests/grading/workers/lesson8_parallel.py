@@ -20,8 +20,9 @@ once Adam:
   zero1_group    Adam in a sub-group where group ranks are not global ranks (global rank 1
                  alone at W = 2; global ranks 1 and 2 at W = 3; the others look on): the
                  parameters, each rank's shard by its group rank, and the traffic, as above;
-  zero1_idle     more ranks than parameters: the rank that owns none makes no optimizer, and
-                 the parameters still end right everywhere.
+  zero1_idle     more ranks than parameters: the rank that owns none makes no optimizer,
+                 the parameters still end right everywhere, and step() moves what zero1_gather
+                 allows.
 
 pipeline_step: a small model is cut into two stages; group ranks 0 and 1 of a two-rank
 group run them (the world at W = 2; the group of global ranks 1 and 2 at W = 3, where rank
@@ -241,9 +242,10 @@ def observe_zero1_group(ex):
 def observe_zero1_idle(ex):
     """More ranks than parameters: the last rank owns none, makes no optimizer, and still
     takes part in the sharing."""
-    zero, made, model, _, _ = zero1_run(ex, idle_model, torch.optim.SGD,
-                                        {"lr": 0.1, "momentum": 0.9})
-    return {"parameters": flat(model), **zero1_facts(zero, made, model)}
+    zero, made, model, _, steps = zero1_run(ex, idle_model, torch.optim.SGD,
+                                            {"lr": 0.1, "momentum": 0.9})
+    return {"parameters": flat(model), **zero1_facts(zero, made, model),
+            "steps": [step_traffic(seen) for seen in steps]}
 
 
 # --- l8_pipeline_step ----------------------------------------------------------------------
