@@ -1,4 +1,4 @@
-"""l8_zero1_optimizer: 11 of 17. Every rank's copy of every parameter all-gathered.
+"""l8_zero1_optimizer: 10 of 17. Every rank's copy of every parameter all-gathered.
 
 For each parameter every rank contributes its copy and keeps the owner's: the right values,
 but every parameter travels from every rank, the group's size times the bytes a broadcast

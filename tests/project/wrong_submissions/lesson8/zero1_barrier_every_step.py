@@ -1,4 +1,4 @@
-"""l8_zero1_optimizer: 9 of 17. A barrier after the broadcasts, every step, to be safe.
+"""l8_zero1_optimizer: 8 of 17. A barrier after the broadcasts, every step, to be safe.
 
 The results are right, but the barrier is a collective nobody needs: each broadcast already
 waits for its data, and the next step's backward needs nothing more. One more round of

@@ -1,4 +1,4 @@
-"""l8_zero1_optimizer: 9 of 17. Each parameter broadcast as a float64 copy, for precision.
+"""l8_zero1_optimizer: 8 of 17. Each parameter broadcast as a float64 copy, for precision.
 
 The values come back exactly (float32 -> float64 -> float32 loses nothing), but every
 broadcast carries twice the bytes the float32 parameter needs: counted in elements it

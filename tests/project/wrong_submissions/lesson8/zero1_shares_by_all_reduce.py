@@ -1,4 +1,4 @@
-"""l8_zero1_optimizer: 9 of 17. The parameters shared by an all_reduce of zeros.
+"""l8_zero1_optimizer: 8 of 17. The parameters shared by an all_reduce of zeros.
 
 Each rank zeroes the parameters it does not own and all the ranks all_reduce (sum) every
 parameter: the right values arrive everywhere, but an all_reduce moves about twice what a
