@@ -37,8 +37,6 @@ import sys
 # ipykernel: a nested pytest could not rewrite the asserts of plugins already imported (anyio).
 PRELOAD = ("torch", "torch.distributed", "torch.distributed.run", "torch.nn.parallel",
            "torch.utils.data", "torchvision", "timm", "numpy")
-if os.environ.get("COURSE_FORKSERVER_PRELOAD"):  # a grading sandbox's: torch, not timm
-    PRELOAD = tuple(os.environ["COURSE_FORKSERVER_PRELOAD"].split(","))
 MAX_FDS = 64
 
 # The stand-in. Placeholders in braces are filled by start(). Runs with -IS: nothing but the
@@ -170,15 +168,20 @@ def start_forked(folder: str, close_fds: tuple[int, ...] = ()) -> int:
             os.close(fd)
         extra = set(os.environ.get("PYTHONPATH", "").split(":"))
         BASE_PATH = [p for p in sys.path if p and p not in extra]
-        request = serve(sock, owner)
+        request = serve(sock, owner, SANDBOX_PRELOAD)
         finish(run(request))
     finally:
         os._exit(1)
 
 
-def serve(sock_path: str, owner: int):
+# What a grading sandbox's server imports on top of what the sandbox has (torch): what every
+# rank of a grading job imports, and not timm or torchvision, which no grading job needs.
+SANDBOX_PRELOAD = ("torch.distributed.run", "torch.nn.parallel", "torch.utils.data")
+
+
+def serve(sock_path: str, owner: int, preload: tuple[str, ...] = PRELOAD):
     """Accept stand-ins forever; returns only in a worker, with the request it must run."""
-    for module in PRELOAD:
+    for module in preload:
         try:
             __import__(module)
         except Exception:  # noqa: S110 (a module that fails here is imported by the worker)

@@ -72,7 +72,8 @@ def hide_and_drop(hide: list[str], exposed: list[str], uid: int) -> None:
     for i, path in enumerate(exposed):
         expose(path, os.path.join(os.environ["HOME"], "..", f"expose{i}"))
     for path in hide:
-        mount("-t", "tmpfs", "-o", "size=64k,mode=0555,ro", "hidden", path)
+        if os.path.exists(path):  # else an exposed folder's cover already hides it
+            mount("-t", "tmpfs", "-o", "size=64k,mode=0555,ro", "hidden", path)
     os.setgroups([])
     os.setresgid(uid, uid, uid)
     os.setresuid(uid, uid, uid)

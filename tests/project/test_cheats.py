@@ -53,32 +53,32 @@ def course_files():
     return [ROOT / part for part in ("ddpcourse", "tests/grading", "lessons", "solutions")]
 
 
-def daemons(patience: float = 5.0) -> list[str]:
-    """Processes of any sandbox user, or any process a cheat started, still alive (zombies,
-    already ended, left out) after `patience` seconds."""
+def daemons(marker: bytes = b"course-cheat-daemon", patience: float = 5.0) -> list[str]:
+    """Processes a cheat started (their command line carries `marker`) still alive (zombies,
+    already ended, left out) after `patience` seconds. Not "every process of a sandbox user":
+    other tests grade at the same time, under the same user ids."""
     deadline = time.monotonic() + patience
     while True:
-        found = running_leftovers()
+        found = running_leftovers(marker)
         if not found or time.monotonic() > deadline:
             return found
         time.sleep(0.2)
 
 
-def running_leftovers() -> list[str]:
+def running_leftovers(marker: bytes) -> list[str]:
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
             cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ")
-            owner = os.stat(f"/proc/{entry}").st_uid
             state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
         except (OSError, IndexError):
             continue
         if state == "Z":
             continue
-        if b"course-cheat-daemon" in cmdline or FIRST_UID <= owner < FIRST_UID + UID_SLOTS:
-            found.append(f"{entry} (uid {owner}): {cmdline[:120].decode(errors='replace')}")
+        if marker in cmdline:
+            found.append(f"{entry}: {cmdline[:120].decode(errors='replace')}")
     return found
 
 
@@ -137,11 +137,15 @@ def test_a_child_cannot_see_the_checkout_write_the_record_or_reach_the_network(t
     submission = tmp_path / "probe" / "lesson1"
     submission.mkdir(parents=True)
     (submission / "exercises.py").write_text('''
-import os, socket
+import os, socket, subprocess, sys
 
 def global_rank(path, *more):
     if path == "uid":
         return os.getuid()
+    if path == "daemon":
+        subprocess.Popen([sys.executable, "-c", "import time  # " + more[0] + "\\ntime.sleep(600)"],
+                         start_new_session=True)
+        return "started"
     if path == "connect":
         try:
             socket.create_connection(("1.1.1.1", 53), timeout=2)
@@ -160,6 +164,7 @@ def global_rank(path, *more):
     except OSError as error:
         return type(error).__name__
 ''')
+    marker = f"course-probe-daemon-{os.getpid()}-{tmp_path.name}"
     script = f'''
 import json, os
 os.environ["COURSE_SUBMISSION"] = {str(tmp_path / "probe")!r}
@@ -171,6 +176,7 @@ print(json.dumps({{
     "class": ex.global_rank("listdir", {str(tmp_path)!r}),
     "grader": ex.global_rank({str(ROOT / "tests" / "grading" / "jobs.py")!r}),
     "net": ex.global_rank("connect"),
+    "daemon": ex.global_rank("daemon", {marker!r}),
 }}))
 ex.close()
 '''
@@ -184,4 +190,5 @@ ex.close()
     assert seen["class"] in ([], "PermissionError"), seen  # the other students too
     assert seen["grader"] in ("PermissionError", "OSError", "FileNotFoundError"), seen
     assert seen["net"] in ("OSError", "TimeoutError", "ConnectionRefusedError"), seen
-    assert not daemons(), "the sandbox's user still runs"
+    assert seen["daemon"] == "started", seen
+    assert not daemons(marker.encode()), "what the sandbox started still runs"
