@@ -351,6 +351,8 @@ def read_exactly(reader, n: int) -> bytes:
 # --- the warm template ----------------------------------------------------------------------
 
 CLONE_NEWNS, CLONE_NEWPID, CLONE_NEWNET = 0x00020000, 0x20000000, 0x40000000
+ZYGOTE_PRELOAD = ("torch.distributed", "torch.distributed.run", "torch.distributed.optim",
+                  "torch.distributed.pipelining", "torch.nn.parallel", "torch.utils.data")
 PR_SET_PDEATHSIG = 1
 
 
@@ -363,6 +365,12 @@ def zygote(sock_path: str, owner: int) -> None:
 
     import numpy  # noqa: F401  preloaded for the sandboxes
     import torch  # noqa: F401
+
+    for module in ZYGOTE_PRELOAD:  # what the grading jobs and the lessons' exercises import
+        try:
+            __import__(module)
+        except Exception:  # noqa: S112 (the sandbox imports it, or fails there, itself)
+            continue
 
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(sock_path + ".tmp")

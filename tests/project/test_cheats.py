@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 import pytest
-from util import ROOT, run
+from util import PYTHON, ROOT, run
 
 from ddpcourse.course.sandbox import FIRST_UID, UID_SLOTS, is_root
 
@@ -104,9 +104,7 @@ def test_every_cheat_scores_its_honest_score_and_touches_no_one(tmp_path):
     class_before = {p.name: digest([p]) for p in klass.iterdir()}
     out = tmp_path / "grades"
 
-    graded = run([str(ROOT / ".venv" / "bin" / "python") if (ROOT / ".venv").exists()
-                  else os.environ.get("COURSE_REAL_PYTHON", "python3"),
-                  "-m", "ddpcourse.course.grading", "class", str(klass), "--lesson", "1",
+    graded = run([PYTHON, "-m", "ddpcourse.course.grading", "class", str(klass), "--lesson", "1",
                   "--csv", str(out / "class.csv"), "--out", str(out / "class"),
                   "--workers", "2"], timeout=540)
     assert graded.returncode == 0, graded.stdout[-3000:] + graded.stderr[-3000:]
