@@ -36,7 +36,7 @@ import sys
 # Not matplotlib: it reads MPLBACKEND when imported (a notebook kernel sets it). Not pytest or
 # ipykernel: a nested pytest could not rewrite the asserts of plugins already imported (anyio).
 PRELOAD = ("torch", "torch.distributed", "torch.distributed.run", "torch.nn.parallel",
-           "torch.utils.data", "torchvision", "timm", "numpy")
+           "torch.utils.data", "torch.distributed.optim", "torchvision", "timm", "numpy")
 MAX_FDS = 64
 
 # The stand-in. Placeholders in braces are filled by start(). Runs with -IS: nothing but the
