@@ -341,6 +341,13 @@ def sync_bn_group_calls(ranks_in_group):
     return [([4 + 2 * i for i in range(ranks_in_group)], (3,), 0.2, 1e-4)]
 
 
+def lesson7_step_data(step, group_ranks, rank):
+    """A rank's batch for a bucketed step: different data, even a different size, per rank."""
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    n = 5 + group_ranks.index(rank)
+    return torch.randn(n, 8, generator=g), torch.randint(0, 4, (n,), generator=g)
+
+
 def lesson7_micro_batches(step, rank, k=3, micro=4):
     g = torch.Generator().manual_seed(100 * step + rank)
     return [(torch.randn(micro, 10, generator=g), torch.randint(0, 3, (micro,), generator=g))

@@ -27,6 +27,7 @@ from probes import (
     layered_model,
     lesson7_micro_batches,
     lesson7_small_model,
+    lesson7_step_data,
     small_model,
     sub_group_parts,
     sync_bn_group_calls,
@@ -101,13 +102,6 @@ def outside_the_group(collectives, ranks) -> list[str]:
                    if on is not None and list(on) != list(ranks)})
 
 
-def step_data(step, group_ranks, rank):
-    """Rank `rank`'s batch for a step, as workers/lesson7_checks.py makes it."""
-    g = torch.Generator().manual_seed(1000 * step + rank)
-    n = 5 + group_ranks.index(rank)
-    return torch.randn(n, 8, generator=g), torch.randint(0, 4, (n,), generator=g)
-
-
 def ddp_gradients(frozen, group_ranks):
     """DDP's gradients at each step for a group: the mean over its ranks of each one's
     gradients on its own batch, all ranks holding the same parameters; SGD with momentum
@@ -121,7 +115,7 @@ def ddp_gradients(frozen, group_ranks):
         total = None
         for rank in group_ranks:
             model.zero_grad()
-            x, y = step_data(step, group_ranks, rank)
+            x, y = lesson7_step_data(step, group_ranks, rank)
             F.cross_entropy(model(x), y).backward()
             grads = [None if p.grad is None else p.grad.clone() for p in model.parameters()]
             total = grads if total is None else [

@@ -63,6 +63,7 @@ from probes import (
     layered_model,
     lesson7_micro_batches,
     lesson7_small_model,
+    lesson7_step_data,
     sub_group_parts,
     sync_bn_group_calls,
 )
@@ -148,13 +149,6 @@ def collective(c):
     return (c.op, int(c.numel), int(c.nbytes), None if c.ranks is None else list(c.ranks))
 
 
-def step_data(step, group_ranks, rank=RANK):
-    """A rank's batch for a step: different data, even a different size, per rank."""
-    g = torch.Generator().manual_seed(1000 * step + rank)
-    n = 5 + group_ranks.index(rank)
-    return torch.randn(n, 8, generator=g), torch.randint(0, 4, (n,), generator=g)
-
-
 def run_bucketed(ex, cap, frozen, group, group_ranks):
     """Two SGD steps with the graded averager: per step the gradients after finish() and
     what the watch saw."""
@@ -172,7 +166,7 @@ def run_bucketed(ex, cap, frozen, group, group_ranks):
     opt_mine = torch.optim.SGD(mine.parameters(), lr=0.1, momentum=0.9)
     steps = []
     for step in range(STEPS):
-        x, y = step_data(step, group_ranks)
+        x, y = lesson7_step_data(step, group_ranks, RANK)
         opt_mine.zero_grad()
         loss = F.cross_entropy(mine(x), y)
         watch.launches, watch.waits, watch.pending = [], [], len(params)
