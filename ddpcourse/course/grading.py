@@ -170,8 +170,7 @@ def run_grading(lesson: int | None, out_dir: Path, impl: str = "student",
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     results = out_dir / "results.json"
-    env = dict(os.environ, COURSE_IMPL=impl, COURSE_RESULTS=str(results),
-               COURSE_SANDBOX_HIDE=str(out_dir.resolve()))
+    env = dict(os.environ, COURSE_IMPL=impl, COURSE_RESULTS=str(results))
     env.pop("COURSE_SUBMISSION", None)
     if submission:
         env["COURSE_SUBMISSION"] = str(Path(submission).resolve())

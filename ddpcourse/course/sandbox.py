@@ -10,9 +10,11 @@ also returns data: what such an observation says could be forged by the submissi
 tests/grading/README.md states.
 
 Isolation, when the judge runs as root (Gradescope, CI, a container):
-  - new mount, network and PID namespaces (util-linux `unshare`): loopback only; the grader's
-    checkout, the class folder and the results are covered by empty file systems; when the
-    child (PID 1 there) ends, the kernel ends everything it started, daemons included;
+  - new mount, network and PID namespaces (util-linux `unshare`): loopback only; a file system
+    of its own (chroot) that holds the system's programs and libraries, the interpreter, the
+    scratch tree and nothing else: no checkout of the course anywhere on the machine, no
+    other student, no results; when the child (PID 1 there) ends, the kernel ends everything
+    it started, daemons included;
   - an unprivileged user id of its own (one per concurrent submission), no_new_privs;
   - a memory limit (the judge sums the resident memory of that user's processes) and a time
     limit per request.
@@ -316,15 +318,19 @@ class Submission:
             for path in (release, submission.parent):  # readable, never writable, by it
                 for p in [path, *path.rglob("*")]:
                     os.chmod(p, 0o755 if p.is_dir() else 0o644)
-            hidden = self._hidden(venv, scratch)
+            (scratch / "root").mkdir()
+            view = {"root": str(scratch / "root"), "writable": [str(home)],
+                    "readable": list(dict.fromkeys(
+                        [os.path.realpath(p) for p in (sys.base_prefix, sys.prefix)]
+                        + [str(release), str(submission.parent)]))}
             zygote = os.environ.get("COURSE_SANDBOX_ZYGOTE", "")
             self._proc = ZygoteChild.start(zygote, {
                 "uid": self._uid, "env": env, "release": str(release), "lesson": self._lesson,
-                "hide": [h.split("=", 1)[1] for h in hidden if h.startswith("--hide=")],
-                "expose": [h.split("=", 1)[1] for h in hidden if h.startswith("--expose=")],
-                "fork_server": "--no-fork-server" not in cmd},
+                **view, "fork_server": "--no-fork-server" not in cmd},
                 (requests_r, replies_w)) if zygote else None
-            cmd += [f"--uid={self._uid}", *hidden]
+            cmd += [f"--uid={self._uid}", f"--root={view['root']}",
+                    *[f"--readable={p}" for p in view["readable"]],
+                    *[f"--writable={p}" for p in view["writable"]]]
             cmd = ["unshare", "--mount", "--net", "--pid", "--fork", "--kill-child",
                    "--mount-proc", "--propagation", "private", "--", *cmd]
         else:  # what it starts and leaves behind is reparented to this process, then ended
@@ -343,25 +349,6 @@ class Submission:
         threading.Thread(target=self._watch_memory, args=(self._proc,), daemon=True).start()
         if self._world:
             self._request({"op": "world", "one": True})
-
-    def _hidden(self, venv: Path, scratch: Path) -> list[str]:
-        """The child's --hide options: every folder of the checkout but the interpreter's
-        environment, the submission's own folder and its neighbours (the other students)."""
-        hide = [p for p in ROOT.iterdir() if p.is_dir() and not p.is_symlink()
-                and not venv.is_relative_to(p)]
-        submission_home = self._source.parent.parent
-        if not submission_home.is_relative_to(ROOT):
-            classes = submission_home.parent
-            hide.append(submission_home if scratch.is_relative_to(classes) else classes)
-        for extra in os.environ.get("COURSE_SANDBOX_HIDE", "").split(os.pathsep):
-            if extra and Path(extra).exists():
-                hide.append(Path(extra))
-        exposed = dict.fromkeys(os.path.realpath(p) for p in (sys.base_prefix, sys.prefix))
-        hide = [Path(os.path.realpath(p)) for p in hide]
-        hide = [p for p in dict.fromkeys(hide)  # a folder inside a hidden one is hidden too
-                if not any(p != q and p.is_relative_to(q) for q in hide)]
-        return [f"--hide={p}" for p in hide] + \
-            [f"--expose={p}" for p in exposed]
 
     def _drain(self, proc) -> None:
         kept = 0

@@ -8,7 +8,8 @@ reads with torch.load(weights_only=True): no object of the submission's can come
 object that is not data stays here as a numbered handle the judge may pass back.
 
 Started as root (in new mount, network and PID namespaces, see sandbox.py), it first brings
-the loopback interface up, hides the grader's files, and drops to an unprivileged user before
+the loopback interface up, moves into a file system of its own that holds only what it needs
+(none of the grader's files), and drops to an unprivileged user before
 it imports anything of the submission's.
 """
 
@@ -49,36 +50,62 @@ def mount(*args: str) -> None:
     subprocess.run(["mount", *args], check=True)
 
 
-def expose(path: str, spare: str) -> None:
-    """Make `path` reachable for other users when a folder above it is not (the interpreter
-    under /root, say): cover that folder with an empty one that others may enter, and put
-    `path` back inside it. The rest of that folder stays out of sight."""
-    parts = os.path.abspath(path).split(os.sep)[1:]
-    closed = next((os.sep + os.path.join(*parts[:i]) for i in range(1, len(parts))
-                   if not os.stat(os.sep + os.path.join(*parts[:i])).st_mode & 0o001), None)
-    if closed is None:
+SYSTEM = ("/usr", "/bin", "/lib", "/lib64", "/lib32", "/libx32", "/sbin", "/etc", "/sys")
+
+
+def bind(source: str, root: str, writable: bool = False) -> None:
+    """`source` at the same path inside `root` (read-only unless writable)."""
+    target = root + os.path.abspath(source)
+    if os.path.islink(source):
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        os.symlink(os.readlink(source), target)
         return
-    os.makedirs(spare, exist_ok=True)
-    mount("--rbind", path, spare)
-    mount("-t", "tmpfs", "-o", "size=64k,mode=0755", "exposed", closed)
-    os.makedirs(path, exist_ok=True)
-    mount("--move", spare, path)
+    os.makedirs(target, exist_ok=True)
+    mount("--rbind", source, target)
+    if not writable:
+        mount("-o", "remount,bind,ro", target)
 
 
-def hide_and_drop(hide: list[str], exposed: list[str], uid: int) -> None:
-    """As root inside the new namespaces: make the interpreter reachable, cover the grader's
-    files with empty read-only file systems, then become `uid` for good (no_new_privs)."""
-    loopback_up()
-    for i, path in enumerate(exposed):
-        expose(path, os.path.join(os.environ["HOME"], "..", f"expose{i}"))
-    for path in hide:
-        if os.path.exists(path):  # else an exposed folder's cover already hides it
-            mount("-t", "tmpfs", "-o", "size=64k,mode=0555,ro", "hidden", path)
+def enter_minimal_root(root: str, readable: list[str], writable: list[str]) -> None:
+    """As root inside the new namespaces: a file system that holds the system's programs and
+    libraries, the interpreter, the course's copy, the submission and its own writable home,
+    and nothing else (no checkout of the course anywhere on the machine, no other student, no
+    results); then chroot into it. Private /tmp, /dev/shm and /proc (of the new PID
+    namespace)."""
+    mount("--make-rprivate", "/")
+    mount("-t", "tmpfs", "-o", "size=1m,mode=0755", "sandbox-root", root)
+    for path in SYSTEM:
+        if os.path.lexists(path):
+            bind(path, root)
+    os.makedirs(root + "/dev")
+    mount("--rbind", "/dev", root + "/dev")
+    mount("-t", "tmpfs", "-o", "mode=1777", "shm", root + "/dev/shm")
+    os.makedirs(root + "/proc")
+    mount("-t", "proc", "proc", root + "/proc")
+    os.makedirs(root + "/tmp")
+    mount("-t", "tmpfs", "-o", "mode=1777", "tmp", root + "/tmp")
+    for path in readable:
+        bind(path, root)
+    for path in writable:
+        bind(path, root, writable=True)
+    os.chroot(root)
+    os.chdir("/")
+
+
+def drop_to(uid: int) -> None:
+    """Become `uid` for good: no groups, no capabilities, no way back (no_new_privs)."""
     os.setgroups([])
     os.setresgid(uid, uid, uid)
     os.setresuid(uid, uid, uid)
     pr_set_no_new_privs = 38
     ctypes.CDLL(None, use_errno=True).prctl(pr_set_no_new_privs, 1, 0, 0, 0)
+
+
+def isolate(root: str, readable: list[str], writable: list[str], uid: int) -> None:
+    """Loopback up, the minimal file system, then the unprivileged user."""
+    loopback_up()
+    enter_minimal_root(root, readable, writable)
+    drop_to(uid)
 
 
 # --- data out --------------------------------------------------------------------------------
@@ -436,12 +463,10 @@ def start_sandbox(request: dict, fds: list[int]) -> None:
         os.close(out)
         sys.stdout = os.fdopen(1, "w", buffering=1)
         sys.stderr = os.fdopen(2, "w", buffering=1)
-        mount("--make-rprivate", "/")
-        mount("-t", "proc", "proc", "/proc")
         os.environ.clear()
         os.environ.update(request["env"])
         sys.path[:] = [request["release"]] + sys.path[1:]  # not the zygote's own folder
-        hide_and_drop(request["hide"], request["expose"], request["uid"])
+        isolate(request["root"], request["readable"], request["writable"], request["uid"])
         os.chdir(os.environ["HOME"])
         sys.path.insert(0, os.environ["COURSE_PROBES"])
         serve(requests, replies, request["lesson"], request["fork_server"])
@@ -459,8 +484,9 @@ def main() -> None:
     parser.add_argument("--replies", type=int)
     parser.add_argument("--lesson", type=int)
     parser.add_argument("--uid", type=int, default=-1)
-    parser.add_argument("--hide", action="append", default=[])
-    parser.add_argument("--expose", action="append", default=[])
+    parser.add_argument("--root", default="", help="an empty folder for the sandbox's root")
+    parser.add_argument("--readable", action="append", default=[])
+    parser.add_argument("--writable", action="append", default=[])
     parser.add_argument("--no-fork-server", action="store_true",
                         help="start the jobs' fork server only if a job comes")
     args = parser.parse_args()
@@ -468,7 +494,7 @@ def main() -> None:
         zygote(args.zygote, args.owner)
         return
     if args.uid >= 0:
-        hide_and_drop(args.hide, args.expose, args.uid)
+        isolate(args.root, args.readable, args.writable, args.uid)
         os.chdir(os.environ["HOME"])
     sys.path.insert(0, os.environ["COURSE_PROBES"])
     serve(args.requests, args.replies, args.lesson, not args.no_fork_server)
