@@ -165,3 +165,16 @@ def test_student_release_has_no_solutions_and_its_grader_runs(tmp_path):
     asked = run([PYTHON, "-m", "ddpcourse.course.grading", "grade", "--lesson", "1", "--impl",
                  "solutions"], cwd=release, timeout=100, env=alone)
     assert "has no solutions" in asked.stdout + asked.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_without_root_the_sandbox_is_a_process_of_its_own_and_grades_the_same(tmp_path):
+    """On a laptop (no root), the submission still runs apart from the judge, in a scratch
+    tree under the same user (tests/grading/README.md says what that does not protect)."""
+    result = run([PYTHON, "-m", "ddpcourse.course.grading", "grade", "--lesson", "1",
+                  "--impl", "solutions", "--out", str(tmp_path / "out")],
+                 env={"COURSE_SANDBOX_NO_ROOT": "1", "COURSE_SANDBOX_ZYGOTE": ""}, timeout=170)
+    assert result.returncode == 0, result.stderr[-2000:]
+    scores = json.loads((tmp_path / "out" / "results.json").read_text())["scores"]
+    assert all(s["earned"] == s["possible"] > 0 for s in scores.values()), scores
