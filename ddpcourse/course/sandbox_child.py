@@ -71,7 +71,7 @@ def enter_minimal_root(root: str, readable: list[str], writable: list[str]) -> N
     libraries, the interpreter, the course's copy, the submission and its own writable home,
     and nothing else (no checkout of the course anywhere on the machine, no other student, no
     results); then chroot into it. Private /tmp, /dev/shm and /proc (of the new PID
-    namespace)."""
+    namespace). TMPDIR is a folder of its home."""
     mount("--make-rprivate", "/")
     mount("-t", "tmpfs", "-o", "size=1m,mode=0755", "sandbox-root", root)
     for path in SYSTEM:
@@ -465,6 +465,8 @@ def start_sandbox(request: dict, fds: list[int]) -> None:
         sys.stderr = os.fdopen(2, "w", buffering=1)
         os.environ.clear()
         os.environ.update(request["env"])
+        import tempfile
+        tempfile.tempdir = None  # the zygote's choice (/tmp) was cached: TMPDIR from now on
         sys.path[:] = [request["release"]] + sys.path[1:]  # not the zygote's own folder
         isolate(request["root"], request["readable"], request["writable"], request["uid"])
         os.chdir(os.environ["HOME"])
