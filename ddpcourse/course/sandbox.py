@@ -226,6 +226,11 @@ class ZygoteChild:
         if self.returncode is None and select.select([self._status], [], [], 0)[0]:
             data = os.read(self._status, 4)
             self.returncode = struct.unpack("<i", data)[0] if len(data) == 4 else -9
+        if self.returncode is None:  # killed before it could say how it ended
+            try:
+                os.kill(self.pid, 0)
+            except ProcessLookupError:
+                self.returncode = -9
         return self.returncode
 
     def wait(self, timeout=None):
@@ -358,12 +363,16 @@ class Submission:
                 kept += len(line)
 
     def _watch_memory(self, proc) -> None:
-        while proc.poll() is None:
+        # Only while this child is the one this Submission holds: its user id passes to the
+        # next sandbox once it is closed, and this watch must not judge that one.
+        while proc.poll() is None and self._proc is proc:
             pids = [proc.pid, *processes_of(self._uid, proc.pid)]
             used = resident_upper_bound(pids)
             if used > MEMORY_LIMIT:  # the exact count (smaps) only when it may be over
                 used = resident_bytes(pids)
             if used > MEMORY_LIMIT:
+                if self._proc is not proc:
+                    return
                 self._ended_why = (f"used {used / 2**30:.1f} GB of memory, more than the "
                                    f"limit of {MEMORY_LIMIT / 2**30:g} GB")
                 self._kill()

@@ -176,7 +176,9 @@ def test_a_submission_scores_what_the_grader_gives(autograder_zip, lesson_points
             assert re.search(r"^E\s+\S", t["output"], re.M), t
         assert any("NotImplementedError" in t["output"] for t in tests.values())
     else:
-        assert results["score"] == total - (possible - earned)
+        assert results["score"] == total - (possible - earned), "\n".join(
+            f"{name}: {t['status']}\n{t['output'][-1500:]}" for name, t in tests.items()
+            if t["status"] != "passed")
         mistaken = [t for name, t in tests.items() if name.startswith(f"{exercise}: ")]
         assert sum(t["score"] for t in mistaken) == earned
         failed = [t for t in mistaken if t["status"] == "failed"]
