@@ -76,3 +76,16 @@ def test_diffs_in_the_readings_are_the_diffs_of_the_scripts():
         lines = [x for x in block.splitlines() if not x.startswith(("--- ", "+++ "))]
         assert any(out[i:i + len(lines)] == lines
                    for out in printed for i in range(len(out) - len(lines) + 1)), block
+
+
+# A number left to fill in (TGT3, TBD): a page must never ship one.
+PLACEHOLDER = re.compile(r"\b(TGT\w*|TBD|FIXME)\b")
+
+
+def test_no_page_holds_a_placeholder():
+    pages = [*ROOT.glob("*.md"), *(ROOT / "lessons").rglob("*.md"),
+             *(ROOT / "tests").rglob("README.md"), *(ROOT / "notebooks").glob("*.ipynb")]
+    found = [f"{page.relative_to(ROOT)}:{n}: {line.strip()[:80]}"
+             for page in pages for n, line in enumerate(page.read_text().splitlines(), 1)
+             if PLACEHOLDER.search(line)]
+    assert not found, "placeholders in the pages:\n" + "\n".join(found)
