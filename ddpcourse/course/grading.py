@@ -150,11 +150,8 @@ def grading_targets(lesson: int | None) -> list[str]:
 
 def run_grading(lesson: int | None, out_dir: Path, impl: str = "student",
                 submission: str | None = None, timeout: float = 900,
-                quiet: bool = False, replay: Path | None = None) -> dict[str, dict]:
+                quiet: bool = False) -> dict[str, dict]:
     """Run the grading tests in a child pytest; returns the per-test records.
-
-    replay: a folder of the jobs' results (COURSE_GRADING_JOBS, see tests/grading/jobs.py):
-    the tests read them instead of launching the jobs (grading a class).
 
     The child is the judge: it never imports the submission, whose code runs in a sandbox
     (ddpcourse/course/sandbox.py), so a submission that exits, hangs or crashes fails only
@@ -174,8 +171,6 @@ def run_grading(lesson: int | None, out_dir: Path, impl: str = "student",
     env.pop("COURSE_SUBMISSION", None)
     if submission:
         env["COURSE_SUBMISSION"] = str(Path(submission).resolve())
-    if replay:
-        env["COURSE_GRADING_JOBS"] = str(replay)
     who = f" {Path(submission).name}" if submission else ""
     tests: dict[str, dict] = {}
     deselect: list[str] = []

@@ -330,6 +330,19 @@ def batch_of_channels(shape, eps, generator):
     return x
 
 
+def sync_bn_inputs(call, ranks, rank, generator):
+    """One sync_batch_norm call's batch over a group, as the job and the judge both build it:
+    (x for the whole group, dy, weight, bias, this rank's rows lo:hi)."""
+    sizes, extra, _, eps = call
+    shape = (sum(sizes), CHANNELS, *extra)
+    x_all = batch_of_channels(shape, eps, generator)
+    dy_all = torch.randn(shape, generator=generator)
+    weight0 = torch.rand(CHANNELS, generator=generator) + 0.5
+    bias0 = torch.randn(CHANNELS, generator=generator)
+    position = ranks.index(rank)
+    return x_all, dy_all, weight0, bias0, sum(sizes[:position]), sum(sizes[:position + 1])
+
+
 def WORLD_SYNC_BN_CALLS(world):  # noqa: N802 (a table, as it was)
     """(the ranks' batch sizes, the dimensions after C, momentum, eps) of each call in the
     world group."""

@@ -23,7 +23,6 @@ from probes import (
     STEPS,
     WORLD_SYNC_BN_CALLS,
     accumulation_data,
-    batch_of_channels,
     layered_model,
     lesson7_micro_batches,
     lesson7_small_model,
@@ -31,6 +30,7 @@ from probes import (
     small_model,
     sub_group_parts,
     sync_bn_group_calls,
+    sync_bn_inputs,
 )
 
 # world size -> its job
@@ -254,15 +254,10 @@ def close(got, want, **tolerance):
 def sync_bn_call_problems(call, observed, rank, ranks, group_given, buffers, generator):
     """The problems (forward, backward, traffic) of one call, against F.batch_norm in
     float64 on the group's batches together."""
-    sizes, extra, momentum, eps = call
-    shape = (sum(sizes), CHANNELS, *extra)
-    x_all = batch_of_channels(shape, eps, generator)
-    dy_all = torch.randn(shape, generator=generator)
-    weight0 = torch.rand(CHANNELS, generator=generator) + 0.5
-    bias0 = torch.randn(CHANNELS, generator=generator)
-    position = ranks.index(rank)
-    lo, hi = sum(sizes[:position]), sum(sizes[:position + 1])
-    where = (f"rank {rank}, input {(hi - lo, *shape[1:])}, eps {eps:g}, momentum {momentum:g}"
+    _, _, momentum, eps = call
+    x_all, dy_all, weight0, bias0, lo, hi = sync_bn_inputs(call, ranks, rank, generator)
+    where = (f"rank {rank}, input {(hi - lo, *x_all.shape[1:])}, eps {eps:g}, "
+             f"momentum {momentum:g}"
              + ("" if not group_given else f", in {group_name(ranks)}"))
     mean_ref, var_ref = buffers
     x_ref = x_all.double().requires_grad_(True)

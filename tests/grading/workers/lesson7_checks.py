@@ -59,13 +59,13 @@ from probes import (
     CONFIGS,
     STEPS,
     WORLD_SYNC_BN_CALLS,
-    batch_of_channels,
     layered_model,
     lesson7_micro_batches,
     lesson7_small_model,
     lesson7_step_data,
     sub_group_parts,
     sync_bn_group_calls,
+    sync_bn_inputs,
 )
 from torch._C._distributed_c10d import Work
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -197,14 +197,8 @@ def observe_bucketed(ex):
 def sync_bn_call(ex, call, group, ranks, buffers, generator):
     """One call of the graded code on this rank's rows of a batch split over the group:
     its output, gradients and collectives (the judge builds the same batch)."""
-    sizes, extra, momentum, eps = call
-    shape = (sum(sizes), CHANNELS, *extra)
-    x_all = batch_of_channels(shape, eps, generator)
-    dy_all = torch.randn(shape, generator=generator)
-    weight0 = torch.rand(CHANNELS, generator=generator) + 0.5
-    bias0 = torch.randn(CHANNELS, generator=generator)
-    position = ranks.index(RANK)
-    lo, hi = sum(sizes[:position]), sum(sizes[:position + 1])
+    _, _, momentum, eps = call
+    x_all, dy_all, weight0, bias0, lo, hi = sync_bn_inputs(call, ranks, RANK, generator)
     mean_mine, var_mine = buffers
     x = x_all[lo:hi].clone().requires_grad_(True)
     w, b = weight0.clone().requires_grad_(True), bias0.clone().requires_grad_(True)
