@@ -120,7 +120,7 @@ site-test: setup $(VENV)/.site-installed ## read build/site (make site first) in
 	$(VPY) -m pytest -q tests/site
 
 figures: setup ## regenerate the lesson figures in lessons/*/figures
-	$(VPY) -m ddpcourse.figures
+	$(VPY) -m ddpcourse.course.lessons figures
 
 # What git tracks and what it would (new files not yet committed, as the leak check in
 # tests/project/test_one_source_of_truth.py reads them), less solutions/ and the wrong submissions.

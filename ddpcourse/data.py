@@ -48,7 +48,7 @@ def load_datasets(name: str = "digits", data_dir: str | None = None,
     return _cifar10(data_dir or "data", size)
 
 
-def _digits_table():
+def digits_table():
     """The 1797 x 65 table behind sklearn.datasets.load_digits (64 pixels, then the label).
 
     Reading the file directly skips importing scikit-learn, which would cost every process of
@@ -69,7 +69,7 @@ def _digits_table():
 
 
 def _digits(size: int) -> tuple[TensorDataset, TensorDataset]:
-    table = torch.from_numpy(_digits_table())
+    table = torch.from_numpy(digits_table())
     images = table[:, :-1].reshape(-1, 1, 8, 8) / 16.0  # pixel values are 0..16
     labels = table[:, -1].long()
     images = F.interpolate(images, size=(size, size), mode="bilinear", align_corners=False)

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import re
+
+SUMMARY = "summary: "
+
 
 def format_table(rows: list[dict]) -> str:
     """Rows of equal keys as an aligned plain-text table with a header line."""
@@ -24,4 +28,18 @@ def summary_line(**fields) -> str:
         if isinstance(value, float):
             value = f"{value:.4g}"
         parts.append(f"{key}={value}")
-    return "summary: " + " ".join(parts)
+    return SUMMARY + " ".join(parts)
+
+
+def parse_summary(text: str, *, once: bool = False) -> dict[str, str]:
+    """The fields of the last `summary: key=value ...` line in a run's output, as printed
+    (strings: summary_line wrote floats to 4 significant digits).
+
+    Raises ValueError, with the end of the output, when there is no such line, or with
+    once=True when there are several (only rank 0 should print one).
+    """
+    lines = [line for line in text.splitlines() if line.startswith(SUMMARY)]
+    if not lines or once and len(lines) > 1:
+        raise ValueError(f"{len(lines)} `summary: ...` lines where one was expected; the "
+                         f"output ends:\n{text[-2000:]}")
+    return dict(re.findall(r"(\w+)=(\S*)", lines[-1][len(SUMMARY):]))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 from typing import NoReturn
 
@@ -17,7 +18,7 @@ import torch.distributed as dist
 import torch.distributed.nn  # noqa: F401
 
 from ddpcourse.cli import exit_after_rank_0
-from ddpcourse.cluster.launch import free_port
+from ddpcourse.ports import free_port
 
 
 def pick_device(local_rank: int = 0):
@@ -27,15 +28,36 @@ def pick_device(local_rank: int = 0):
     return torch.device("cpu"), "gloo"
 
 
-def world_of_one_unless_launched(how_to_launch: str) -> bool:
+def launch_hint(script: str, doc: str | None) -> str:
+    """How to start `script` on several processes, from the `make ...` line its docstring
+    shows first: `make lesson7-amp NPROC=2  (or: torchrun --nproc-per-node=2 SCRIPT)`. A
+    docstring without one gives the torchrun command alone (NPROC x NNODES processes on one
+    node; the Makefile's NPROC is 2)."""
+    make = next((line.split("#")[0].strip() for line in (doc or "").splitlines()
+                 if line.strip().startswith("make ")), "")
+    count = {name: int(n) for name, n in re.findall(r"\b(NPROC|NNODES)=(\d+)", make)}
+    torchrun = (f"torchrun --nproc-per-node={count.get('NPROC', 2) * count.get('NNODES', 1)} "
+                f"{script}")
+    return f"{make}  (or: {torchrun})" if make else torchrun
+
+
+def world_of_one_unless_launched(how_to_launch: str | None = None) -> bool:
     """Started without torchrun? Say how to launch properly, then fill in a world of one.
 
     Returns True when the script was started by a launcher. torchrun sets RANK,
     LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR and MASTER_PORT;
     without them init_process_group("env://") would fail, so we provide a world of one.
+    How to launch it is the running script's own (launch_hint), unless `how_to_launch`
+    says otherwise (a script that srun starts, not torchrun).
     """
     if "RANK" in os.environ:
         return True
+    if how_to_launch is None:
+        main = sys.modules.get("__main__")
+        script = getattr(main, "__file__", None) or "SCRIPT.py"  # none: python -c, a notebook
+        shown = os.path.relpath(script)  # as typed from the course folder, where it is inside
+        how_to_launch = launch_hint(script if shown.startswith(os.pardir) else shown,
+                                    getattr(main, "__doc__", None))
     print(
         f"note: not started by torchrun, so this runs as a world of one process. "
         f"To start several: {how_to_launch}",

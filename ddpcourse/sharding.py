@@ -229,15 +229,11 @@ def collectives() -> list[dict]:
     buffer holds TORCH_FR_BUFFER_SIZE entries, a variable read when the first process group
     is created): one dict each, with the op's name, e.g. "all_gather", and `elements`, the
     number of values it was given."""
-    import pickle
+    from ddpcourse.traces import flight_recorder
 
-    from torch._C._distributed_c10d import _dump_fr_trace
-
-    trace = pickle.loads(_dump_fr_trace(includeCollectives=True, includeStackTraces=False,
-                                        onlyActive=False))
     return [{"op": entry["profiling_name"].split(":")[-1],
              "elements": sum(math.prod(size) for size in entry["input_sizes"])}
-            for entry in trace.get("entries", [])]
+            for entry in flight_recorder()]
 
 
 def count_collectives(entries: list[dict]) -> str:

@@ -1,6 +1,8 @@
-"""Lesson 7's profiler traces read: the phases of a step and its all-reduces, from the Chrome
-trace torch.profiler writes on every rank, and how much of the communication overlapped
-backward (scripts/experiments/lesson7_overlap_bench.py; ddpcourse/figures/speed.py draws it).
+"""What torch records, read back. Lesson 7's profiler traces: the phases of a step and its
+all-reduces, from the Chrome trace torch.profiler writes on every rank, and how much of the
+communication overlapped backward (scripts/experiments/lesson7_overlap_bench.py;
+ddpcourse/figures/speed.py draws it). The flight recorder: the last collectives a process
+started (lesson 6's stuck rank, lesson 8's traffic per step).
 """
 
 from __future__ import annotations
@@ -61,3 +63,23 @@ def overlap_of(spans: dict) -> dict:
     total = sum(e - s for _, s, e in spans["comm"])
     inside = sum(max(0.0, min(e, end) - max(s, start)) for _, s, e in spans["comm"])
     return {"count": len(spans["comm"]), "early": early, "hidden": inside / max(total, 1e-9)}
+
+
+# --- the flight recorder --------------------------------------------------------------------
+
+def flight_recorder() -> list[dict]:
+    """The collectives this process started that torch's flight recorder kept, oldest first,
+    one dict each as torch records it: "profiling_name" ("gloo:all_reduce"),
+    "collective_seq_id", "input_sizes" and more. It keeps the last TORCH_FR_BUFFER_SIZE of
+    them, a variable read when the first process group is created (unset: none)."""
+    import pickle
+
+    # Private: torch 2.14 has no public reader of this process's own flight recorder. The
+    # public ways reach it from outside: torch.distributed.debug.start_debug_server (an
+    # experimental HTTP server; aiohttp, Jinja2) and torch.distributed.flight_recorder (which
+    # analyses dumps written to files).
+    from torch._C._distributed_c10d import _dump_fr_trace
+
+    trace = pickle.loads(_dump_fr_trace(includeCollectives=True, includeStackTraces=False,
+                                        onlyActive=False))
+    return trace.get("entries", [])

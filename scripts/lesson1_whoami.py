@@ -31,8 +31,7 @@ def main():
     args = parser.parse_args()
     started = time.perf_counter()
 
-    world_of_one_unless_launched("make lesson1 NPROC=4  (or: torchrun --nproc-per-node=4 "
-                                 "scripts/lesson1_whoami.py)")
+    world_of_one_unless_launched()
 
     # torchrun tells each process who it is through environment variables.
     rank = int(os.environ["RANK"])                          # global rank, 0 .. WORLD_SIZE-1

@@ -69,7 +69,8 @@ def flat(model):
 
 def normalisation(model):
     """The kinds of normalisation layer in `model`, e.g. "LayerNorm"."""
-    kinds = [nn.SyncBatchNorm, nn.modules.batchnorm._BatchNorm, nn.GroupNorm, nn.LayerNorm]
+    kinds = [nn.SyncBatchNorm, (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d), nn.GroupNorm,
+             nn.LayerNorm]
     names = ["SyncBatchNorm", "BatchNorm", "GroupNorm", "LayerNorm"]
     found = {next(n for k, n in zip(kinds, names, strict=True) if isinstance(m, k))
              for m in model.modules() if isinstance(m, tuple(kinds))}
@@ -79,8 +80,7 @@ def normalisation(model):
 def main():
     args = parse_args()
     started = time.perf_counter()
-    world_of_one_unless_launched("make check-ddp NPROC=4  (or: torchrun --nproc-per-node=4 "
-                                 "scripts/lesson3_check_equivalence.py)")
+    world_of_one_unless_launched()
     rank = int(os.environ["RANK"])
     local_rank = int(os.environ["LOCAL_RANK"])
     world_size = int(os.environ["WORLD_SIZE"])

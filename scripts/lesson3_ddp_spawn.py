@@ -27,9 +27,9 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, Subset
 
 from ddpcourse.cli import ArgumentParser, split_batch
-from ddpcourse.cluster.launch import free_port
 from ddpcourse.data import DATASETS, NUM_CLASSES, load_datasets
 from ddpcourse.models import create_model
+from ddpcourse.ports import free_port
 from ddpcourse.report import summary_line
 from ddpcourse.runtime import fail, pick_device
 

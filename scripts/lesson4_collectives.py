@@ -83,8 +83,7 @@ def main():
         parser.error("--timeout must be a positive number of seconds")
     started = time.perf_counter()
 
-    world_of_one_unless_launched("make lesson4 NPROC=4  (or: torchrun --nproc-per-node=4 "
-                                 "scripts/lesson4_collectives.py)")
+    world_of_one_unless_launched()
     rank = int(os.environ["RANK"])
     local_rank = int(os.environ["LOCAL_RANK"])
 

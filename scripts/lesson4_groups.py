@@ -30,8 +30,7 @@ def main():
         parser.error("--timeout must be a positive number of seconds")
     started = time.perf_counter()
 
-    world_of_one_unless_launched("make lesson4 NNODES=2 NPROC=2  (or: torchrun "
-                                 "--nproc-per-node=4 scripts/lesson4_groups.py)")
+    world_of_one_unless_launched()
     rank = int(os.environ["RANK"])
     local_rank = int(os.environ["LOCAL_RANK"])
     local_world_size = int(os.environ["LOCAL_WORLD_SIZE"])  # processes on this node

@@ -65,8 +65,7 @@ def explain(error: Exception, rank: int, op: str, waited: float) -> str:
 
 def main():
     started = time.perf_counter()
-    world_of_one_unless_launched("make lesson4-hang  (or: torchrun --nproc-per-node=2 "
-                                 "scripts/lesson4_hang.py --timeout 5)")
+    world_of_one_unless_launched()
     rank = int(os.environ["RANK"])
     device, backend = pick_device(int(os.environ["LOCAL_RANK"]))
     if device.type == "cuda":

@@ -102,8 +102,7 @@ def main():
     for caught in (signal.SIGTERM, signal.SIGUSR1):
         signal.signal(caught, note_stop)
 
-    world_of_one_unless_launched("make lesson6 NPROC=3  (or: torchrun --nproc-per-node=3 "
-                                 "scripts/lesson6_resumable.py)")
+    world_of_one_unless_launched()
     rank = int(os.environ["RANK"])              # this process, 0 .. world_size - 1
     local_rank = int(os.environ["LOCAL_RANK"])  # its number on this node: picks the GPU
     world_size = int(os.environ["WORLD_SIZE"])  # processes in the job

@@ -1,7 +1,7 @@
 """Lesson 8: lesson 3's training with FSDP2: weights, gradients and optimizer state sharded.
 
     make lesson8-fsdp NPROC=2                           # prints, then runs, this command:
-    torchrun --nproc-per-node=2 scripts/lesson8_fsdp.py --epochs 2
+    torchrun --nproc-per-node=2 scripts/lesson8_fsdp.py
 
 It is lesson3_ddp.py with DDP replaced by fully_shard: each residual block, then the whole
 model, becomes a unit whose parameters are cut into W pieces, one per rank. Before a unit
@@ -82,8 +82,7 @@ def main():
     args = parse_args()
     started = time.perf_counter()
 
-    world_of_one_unless_launched("make lesson8-fsdp NPROC=2  (or: torchrun --nproc-per-node=2 "
-                                 "scripts/lesson8_fsdp.py)")
+    world_of_one_unless_launched()
     rank = int(os.environ["RANK"])              # this process, 0 .. world_size - 1
     local_rank = int(os.environ["LOCAL_RANK"])  # its number on this node: picks the GPU
     world_size = int(os.environ["WORLD_SIZE"])  # processes in the job

@@ -1,7 +1,7 @@
 """Lesson 8: FSDP2's training with a sharded checkpoint, resumed at any number of processes.
 
     make lesson8-fsdp NPROC=2                           # prints, then runs, these commands:
-    torchrun --nproc-per-node=2 scripts/lesson8_fsdp_checkpoint.py --epochs 2
+    torchrun --nproc-per-node=2 scripts/lesson8_fsdp_checkpoint.py
     python scripts/lesson8_fsdp_checkpoint.py --resume runs/lesson8_fsdp_checkpoint \
         --epochs 0 --checkpoint runs/lesson8_fsdp_resumed    # one process reads what W wrote
 
@@ -92,8 +92,7 @@ def main():
     args = parse_args()
     started = time.perf_counter()
 
-    world_of_one_unless_launched("make lesson8-fsdp NPROC=2  (or: torchrun --nproc-per-node=2 "
-                                 "scripts/lesson8_fsdp_checkpoint.py)")
+    world_of_one_unless_launched()
     rank = int(os.environ["RANK"])              # this process, 0 .. world_size - 1
     local_rank = int(os.environ["LOCAL_RANK"])  # its number on this node: picks the GPU
     world_size = int(os.environ["WORLD_SIZE"])  # processes in the job
@@ -140,13 +139,14 @@ def main():
             fail(f"{args.resume} is not a checkpoint folder: it has no .metadata, the index "
                  "that dcp.save writes last")
         model_state, optimizer_state = get_state_dict(model, optimizer)  # DTensors: pieces
-        state = {"model": model_state, "optimizer": optimizer_state}
+        state = {"model": model_state, "optimizer": optimizer_state, "run": {"val_acc": 0.0}}
         try:  # fills them in place from the files
             dcp.load(state, checkpoint_id=args.resume)
         except dcp.CheckpointException as error:  # every rank meets it: rank 0 says so
             fail(f"cannot resume from {args.resume}: {error}".splitlines()[0])
         set_state_dict(model, optimizer, model_state_dict=state["model"],
                        optim_state_dict=state["optimizer"])
+        saved_val_acc = state["run"]["val_acc"]
         if rank == 0:
             print(f"resumed from {args.resume}, now sharded over {world_size} process(es)")
 
@@ -195,6 +195,15 @@ def main():
                   f"train acc {correct / seen:.3f}  val acc {val_acc:.3f} "
                   f"({int(val_seen)} images)  {time.perf_counter() - tick:.1f} s")
 
+    if args.resume and not args.epochs:  # no step taken: the weights as loaded, validated
+        counts = evaluate(model, val_loader, device, val_batches)
+        model.reshard()
+        dist.all_reduce(counts)
+        val_acc = counts[0].item() / counts[1].item()
+        if rank == 0:
+            print(f"resumed weights: val acc {val_acc:.3f} ({int(counts[1])} images); "
+                  f"the run that saved them: val acc {saved_val_acc:.3f}")
+
     # What each rank holds, in rank order: a 1/W piece of everything.
     reports = [None] * world_size if rank == 0 else None
     dist.gather_object(held_bytes(model, optimizer), reports, dst=0)
@@ -202,7 +211,8 @@ def main():
     # overwrites an older checkpoint in the folder file by file (lesson 6's write-then-rename
     # would keep the old one whole until the new one is complete).
     model_state, optimizer_state = get_state_dict(model, optimizer)
-    dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=args.checkpoint)
+    dcp.save({"model": model_state, "optimizer": optimizer_state, "run": {"val_acc": val_acc}},
+             checkpoint_id=args.checkpoint)
     # Only for the reader: the whole weights gathered on rank 0, named by a hash of their bits,
     # which a run resumed from this checkpoint at another world size prints again.
     whole = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True,
@@ -213,9 +223,10 @@ def main():
                   f"momentum {mb(held['optimizer'])} MB")
         print(f"checkpoint: {args.checkpoint} (sharded, {world_size} writer(s)): weights "
               f"fingerprint {fingerprint(whole)} ({len(whole)} tensors)")
+        trained_loss = {"train_loss": train_loss} if args.epochs else {}  # none without a step
         print(summary_line(world_size=world_size, batch_per_process=batch_size,
                            global_batch=args.batch_size, epochs=args.epochs,
-                           train_loss=train_loss, val_acc=val_acc,
+                           **trained_loss, val_acc=val_acc,
                            samples_per_s=round(trained / max(train_seconds, 1e-9)),
                            wall_s=round(time.perf_counter() - started, 2)))
     dist.destroy_process_group()

@@ -1,7 +1,7 @@
 """Lesson 8: lesson 3's training as a pipeline: the model cut into stages, one per process.
 
     make lesson8-pipeline NPROC=2                       # prints, then runs, this command:
-    torchrun --nproc-per-node=2 scripts/lesson8_pipeline.py --epochs 2
+    torchrun --nproc-per-node=2 scripts/lesson8_pipeline.py
 
 It is lesson3_ddp.py with DDP replaced by torch.distributed.pipelining: process s keeps stage
 s of the model and sends its activations to process s + 1 (their gradients come back) one
@@ -78,8 +78,7 @@ def main():
     args = parse_args()
     started = time.perf_counter()
 
-    world_of_one_unless_launched("make lesson8-pipeline NPROC=2  (or: torchrun "
-                                 "--nproc-per-node=2 scripts/lesson8_pipeline.py)")
+    world_of_one_unless_launched()
     rank = int(os.environ["RANK"])              # this process, 0 .. world_size - 1
     local_rank = int(os.environ["LOCAL_RANK"])  # its number on this node: picks the GPU
     world_size = int(os.environ["WORLD_SIZE"])  # processes in the job

@@ -1,7 +1,7 @@
 """Lesson 8: lesson 3's DDP training with ZeRO-1: each rank keeps 1/W of the optimizer state.
 
     make lesson8-zero NPROC=2                           # prints, then runs, this command:
-    torchrun --nproc-per-node=2 scripts/lesson8_zero.py --epochs 2
+    torchrun --nproc-per-node=2 scripts/lesson8_zero.py
 
 It is lesson3_ddp.py with one change, the optimizer: ZeroRedundancyOptimizer deals the
 parameters out to the ranks, and each rank keeps the momentum of, and steps, its own share
@@ -76,8 +76,7 @@ def main():
     args = parse_args()
     started = time.perf_counter()
 
-    world_of_one_unless_launched("make lesson8-zero NPROC=2  (or: torchrun --nproc-per-node=2 "
-                                 "scripts/lesson8_zero.py)")
+    world_of_one_unless_launched()
     rank = int(os.environ["RANK"])              # this process, 0 .. world_size - 1
     local_rank = int(os.environ["LOCAL_RANK"])  # its number on this node: picks the GPU
     world_size = int(os.environ["WORLD_SIZE"])  # processes in the job

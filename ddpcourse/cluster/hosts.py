@@ -50,6 +50,7 @@ from ddpcourse.cluster.launch import (
     LaunchError,
     check_backend,
     default_torchrun,
+    gpus_per_node,
     positive_int,
     run_commands,
     visible_gpu_count,
@@ -467,10 +468,9 @@ def launch_hosts(
         settings[LINK_ENV] = parsed.text
     host_settings = [dict(HOST_ENV, **settings) for _ in range(hosts)]
     if gpus:  # each host its own GPUs, as separate machines would have
-        ids = [d.strip() for d in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
-        ids = ids or [str(i) for i in range(gpus)]
-        for k, host in enumerate(host_settings):
-            host["CUDA_VISIBLE_DEVICES"] = ",".join(ids[k * nproc:(k + 1) * nproc])
+        for host, devices in zip(host_settings, gpus_per_node(env, gpus, nproc, hosts),
+                                 strict=True):
+            host["CUDA_VISIBLE_DEVICES"] = devices
     torchrun = torchrun or default_torchrun()
 
     with Hosts(hosts, parsed) as net:

@@ -25,6 +25,8 @@ import sys
 import threading
 import time
 
+from ddpcourse.ports import free_port
+
 MAX_NPROC = 64
 MAX_NNODES = 16
 
@@ -41,13 +43,6 @@ def positive_int(name: str, text: str, limit: int) -> int:
     if not 1 <= value <= limit:
         raise LaunchError(f"{name}={value} is out of range; it must be between 1 and {limit}")
     return value
-
-
-def free_port() -> int:
-    """A TCP port that nothing listens on right now (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def check_port_free(port: int) -> None:
@@ -78,6 +73,15 @@ def visible_gpu_count(environ: dict | None = None) -> int:
     if visible:
         count = min(count, len([d for d in visible.split(",") if d.strip()]))
     return count
+
+
+def gpus_per_node(env: dict, gpus: int, nproc: int, nodes: int) -> list[str]:
+    """CUDA_VISIBLE_DEVICES for each of `nodes` simulated nodes that share this machine's
+    `gpus` visible GPUs, `nproc` each: its own GPUs, as a real node would have, so that
+    cuda:LOCAL_RANK on node 1 is not node 0's GPU too. The caller checks there are enough."""
+    ids = [d.strip() for d in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    ids = ids or [str(i) for i in range(gpus)]
+    return [",".join(ids[n * nproc:(n + 1) * nproc]) for n in range(nodes)]
 
 
 def torchrun_commands(
@@ -183,6 +187,10 @@ class AgentFailureSummary:
     --redirects kept the worker's own message off the console. It reads the report's text
     (torchrun has no machine-readable form of it): if a torch release words it differently,
     the summary is left out and nothing else changes. COURSE_RAW_TORCHRUN=1 leaves it out too.
+
+    One traceback is shortened to a line: torchrun's own when it was sent a signal (SIGTERM
+    from a scheduler or a drill, Ctrl-C): it passed the signal on to its workers, as it
+    should, and the 25 lines of its stack say nothing more. Call close() at the end.
     """
 
     def __init__(self, emit):
@@ -190,8 +198,39 @@ class AgentFailureSummary:
         self.in_report = False
         self.failure: dict[str, str] = {}
         self.after_exit_barrier = False
+        self.held: list[str] = []  # a traceback, until its last line says whose it is
 
     def feed(self, line: str) -> None:
+        if self.held:
+            self.held.append(line)
+            if line[:1] in (" ", "\t"):  # still in the traceback's stack
+                return
+            held, self.held = self.held, []
+            signalled = re.search(r"SignalException: Process (\d+) got signal: (\d+)", line)
+            if signalled:
+                number = int(signalled[2])
+                try:
+                    name = signal.Signals(number).name
+                except ValueError:
+                    name = f"signal {number}"
+                self.emit(f"note: torchrun (pid {signalled[1]}) got {name} and stopped its "
+                          "workers, passing the signal on: that is how a stopped job ends "
+                          "(its traceback left out; COURSE_RAW_TORCHRUN=1 shows it)\n")
+                return
+            for line in held:
+                self.read(line)
+        elif line.startswith("Traceback (most recent call last):"):
+            self.held = [line]
+        else:
+            self.read(line)
+
+    def close(self) -> None:
+        """The end of the output: a traceback still held is shown as it was."""
+        held, self.held = self.held, []
+        for line in held:
+            self.read(line)
+
+    def read(self, line: str) -> None:
         self.emit(line)
         if "Error waiting on exit barrier" in line:
             self.after_exit_barrier = True
@@ -249,6 +288,8 @@ def _pump(stream, emit, filtered: bool, stopping: threading.Event) -> None:
             summary.feed(line)
         else:
             emit(line)
+    if summary:
+        summary.close()
     stream.close()
 
 
@@ -382,12 +423,9 @@ def launch(
         settings["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // (nproc * nnodes)))
     node_settings = [dict(settings) for _ in commands]
     if gpus and nnodes > 1:
-        # Simulated nodes share one machine: give each its own GPUs, as real nodes would
-        # have, so that cuda:LOCAL_RANK on node 1 is not node 0's GPU too.
-        ids = [d.strip() for d in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
-        ids = ids or [str(i) for i in range(gpus)]
-        for n, node in enumerate(node_settings):
-            node["CUDA_VISIBLE_DEVICES"] = ",".join(ids[n * nproc:(n + 1) * nproc])
+        for node, devices in zip(node_settings, gpus_per_node(env, gpus, nproc, nnodes),
+                                 strict=True):
+            node["CUDA_VISIBLE_DEVICES"] = devices
     envs = [dict(env, **node) for node in node_settings]
     if echo:
         for cmd, node in zip(commands, node_settings, strict=True):

@@ -420,6 +420,8 @@ class Cluster:
                     pass
             reader.join(timeout=10)
             follower.stop()
+            if readable:
+                readable.close()
         return Job(command, returncode, _job_id("".join(said)), follower.text, "".join(said),
                    time.monotonic() - started)
 

@@ -9,6 +9,7 @@ touches only that lesson's files (CONTRIBUTING.md has the checklist).
     python -m ddpcourse.course.lessons help                one line per target, for `make help`
     python -m ddpcourse.course.lessons run TARGET --nproc 2 --nnodes 1 --port '' --timeout 600
                                            --backend '' --args '--epochs 1'
+    python -m ddpcourse.course.lessons figures [--lesson N] [--out DIR]   `make figures`
 
 A step is "torchrun SCRIPT ARGS..." (started by ddpcourse.cluster.launch on NPROC x NNODES) or
 "python SCRIPT ARGS..." (one process); "{world}" in a step becomes NPROC x NNODES. Like
@@ -18,6 +19,7 @@ ddpcourse.cluster.launch, this module uses only the standard library: it runs be
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import re
 import shlex
@@ -25,6 +27,7 @@ import signal
 import subprocess
 import sys
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -47,6 +50,7 @@ class Target:
     steps: list[Step]
     bench: bool = False  # part of `make bench`
     args: bool = True    # ARGS reaches every step
+    min_world: int = 1   # fewer processes (NPROC x NNODES) cannot show what it is about
 
 
 @dataclass
@@ -89,7 +93,8 @@ def load_lesson(folder: Path) -> Lesson:
     for name, spec in data.get("targets", {}).items():
         steps = [parse_step(s, f"{path} [targets.{name}]") for s in spec.get("steps", [])]
         lesson.targets[name] = Target(name, spec.get("help", ""), steps,
-                                      bench=spec.get("bench", False), args=spec.get("args", True))
+                                      bench=spec.get("bench", False), args=spec.get("args", True),
+                                      min_world=spec.get("min_world", 1))
     for marker in lesson.exercises:
         m = MARKER.match(marker)
         if not m or int(m.group(1)) != number:
@@ -121,14 +126,40 @@ def exercise_markers() -> dict[str, str]:
             for lesson in all_lessons() for marker, text in lesson.exercises.items()}
 
 
+# --- the figures -----------------------------------------------------------------------------
+
+def figure_functions() -> dict[int, Callable[[], dict]]:
+    """lesson number -> the function its lesson.toml names to draw its figures."""
+    found = {}
+    for lesson in all_lessons():
+        if lesson.figures:
+            module, _, name = lesson.figures.partition(":")
+            found[lesson.number] = getattr(importlib.import_module(module), name)
+    return found
+
+
+def write_figures(lessons: list[int] | None = None, out_root: Path | None = None) -> list[Path]:
+    """Draw the figures of `lessons` (all by default) into lessons/lessonN/figures (or
+    OUT_ROOT/lessonN/figures); returns the files written."""
+    os.environ.setdefault("MPLBACKEND", "Agg")
+    from ddpcourse.figures import save_or_return  # matplotlib's, in .venv
+
+    functions = figure_functions()
+    written = []
+    for lesson in lessons or sorted(functions):
+        folder = (out_root or LESSONS) / f"lesson{lesson}" / "figures"
+        for name, fig in functions[lesson]().items():
+            written.append(Path(save_or_return(fig, folder / name)))
+    return written
+
+
 # --- running a target ------------------------------------------------------------------------
 
 def shown(path: str) -> str:
-    """A path as a student would type it from the course folder."""
-    try:
-        return os.path.relpath(path)
-    except ValueError:
-        return path
+    """A path as a student would type it from the course folder: relative inside it, whole
+    outside it (an interpreter elsewhere is not ../../../opt/...)."""
+    relative = os.path.relpath(path)
+    return path if relative == ".." or relative.startswith("../") else relative
 
 
 def run_python(command: list[str], timeout: float, backend: str) -> int:
@@ -169,6 +200,10 @@ def run_target(target: Target, nproc: str, nnodes: str, port: str, timeout: str,
     opts = ["--nproc", nproc, "--nnodes", nnodes, "--port", port, "--timeout", timeout,
             "--backend", backend]
     world = int(nproc) * int(nnodes)  # checked by `launch --check` before make got here
+    if world < target.min_world:
+        print(f"error: make {target.name} needs NPROC x NNODES of at least {target.min_world} "
+              f"(here {world}): {target.help}", file=sys.stderr, flush=True)
+        return 2
     for step in target.steps:
         command = [word.replace("{world}", str(world)) for word in step.command]
         command += extra if target.args else []
@@ -189,6 +224,9 @@ def main(argv: list[str] | None = None) -> int:
     targets = sub.add_parser("targets", help="the target names, for the Makefile")
     targets.add_argument("--bench", action="store_true", help="only the benchmarks")
     sub.add_parser("help", help="one line per target")
+    figures = sub.add_parser("figures", help="draw every lesson's figures (make figures)")
+    figures.add_argument("--lesson", type=int, action="append")
+    figures.add_argument("--out", type=Path, default=None, help="a folder instead of lessons/")
     run = sub.add_parser("run", help="run one target's steps")
     run.add_argument("target")
     for name, default in (("nproc", "2"), ("nnodes", "1"), ("port", ""), ("timeout", "600"),
@@ -205,6 +243,9 @@ def main(argv: list[str] | None = None) -> int:
     elif args.command == "help":
         for name, target in found.items():
             print(f"{name:<20}{target.help}")
+    elif args.command == "figures":
+        for path in write_figures(args.lesson, args.out):
+            print(f"wrote {path}")
     else:
         if args.target not in found:
             print(f"error: no lesson registers a target {args.target!r}", file=sys.stderr)

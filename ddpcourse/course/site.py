@@ -67,6 +67,23 @@ def page_url(target: str) -> str:
     return path + hash_ + anchor
 
 
+def without_build_paths(nb: nbformat.NotebookNode, root: Path = ROOT) -> None:
+    """Outputs as a reader's own run would show them: the building machine's course folder
+    left out of every path (/home/ci/course/.venv/bin/python is .venv/bin/python there)."""
+    def relative(text: str) -> str:
+        return text.replace(f"{root}/", "").replace(str(root), ".")
+
+    for cell in nb.cells:
+        for output in cell.get("outputs", []):
+            if "text" in output:
+                output["text"] = relative(output["text"])
+            for kind, value in output.get("data", {}).items():
+                if kind.startswith("text/") and isinstance(value, str):
+                    output["data"][kind] = relative(value)
+            if "traceback" in output:
+                output["traceback"] = [relative(line) for line in output["traceback"]]
+
+
 def notebook_page(path: Path, execute: bool) -> nbformat.NotebookNode:
     """The notebook, run from the repository root (a cell that raises stops the build)."""
     nb = nbformat.read(path, as_version=4)
@@ -76,6 +93,7 @@ def notebook_page(path: Path, execute: bool) -> nbformat.NotebookNode:
         NotebookClient(nb, timeout=NOTEBOOK_TIMEOUT, kernel_name="python3",
                        store_widget_state=False,
                        resources={"metadata": {"path": str(ROOT)}}).execute()
+        without_build_paths(nb)
     for cell in nb.cells:
         # mkdocs-jupyter leaves a notebook's links as they are: point those to readings at
         # their pages, as MkDocs does in the readings.

@@ -41,7 +41,8 @@ from pathlib import Path
 
 from ddpcourse.cli import ArgumentParser
 from ddpcourse.cluster import hosts as H
-from ddpcourse.cluster.launch import default_torchrun, free_port, run_commands
+from ddpcourse.cluster.launch import default_torchrun, run_commands
+from ddpcourse.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV_SCRIPT = "scripts/experiments/lesson5_env.py"

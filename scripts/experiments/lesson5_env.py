@@ -176,9 +176,7 @@ def print_world(reports: list[dict], launched: bool) -> None:
 def main():
     args = parse_args()
     started = time.perf_counter()
-    launched = world_of_one_unless_launched(
-        "make lesson5 NNODES=2 NPROC=2  (or: torchrun --nproc-per-node=2 "
-        "scripts/experiments/lesson5_env.py)")
+    launched = world_of_one_unless_launched()
 
     given = {name: os.environ.get(name, "(unset)") for name in PER_PROCESS + list(SHARED)}
     rank = int(os.environ["RANK"])

@@ -19,9 +19,14 @@ command with --nnodes=1:2 (at least one node, at most two) and a c10d rendezvous
 
 Node A hosts the rendezvous store (it started first), so B is the one lost: a production job
 keeps the endpoint on a machine that outlives the workers (or uses etcd).
+
+On GPUs each node gets NPROC GPUs of its own, as separate machines would have; a machine with
+fewer than 2 x NPROC runs both nodes on the CPU (gloo), and says so. A worker that fails where
+none should (the agents report it) stops the drill at once, as does an agent that ends early.
 """
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -30,10 +35,15 @@ import time
 from pathlib import Path
 
 from ddpcourse.cli import ArgumentParser
-from ddpcourse.cluster.launch import default_torchrun, free_port
+from ddpcourse.cluster.launch import default_torchrun, gpus_per_node, visible_gpu_count
 from ddpcourse.events import read_events
+from ddpcourse.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
+# The agents log at INFO (LOGLEVEL below) so that the drill hears of a failed worker group the
+# moment the agent does; their other INFO lines are not shown.
+AGENT_INFO = re.compile(r"^I\d{4} ")
+GROUP_FAILED = re.compile(r"Worker group (FAILED|UNHEALTHY)\. (\d+)/(\d+) attempts left")
 
 
 def parse_args():
@@ -55,6 +65,7 @@ class Node:
     def __init__(self, name, command, env):
         print(f"[node {name}] $ {' '.join(command)}", flush=True)
         self.name = name
+        self.failures = []  # when the agent reported its worker group failed
         self.process = subprocess.Popen(command, cwd=ROOT, env=env, text=True,
                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                         start_new_session=True)
@@ -64,6 +75,12 @@ class Node:
         for line in self.process.stdout:
             if "Warning: find_unused_parameters" in line:
                 continue  # the step's choice (see its comment), noted by every worker it starts
+            if failed := GROUP_FAILED.search(line):
+                self.failures.append(time.time())
+                line = (f"torchrun: a worker failed; the agent restarts the group "
+                        f"({failed[2]} of {failed[3]} restarts left)\n")
+            elif AGENT_INFO.match(line):
+                continue
             print(f"[node {self.name}] {line}", end="", flush=True)
 
     def lose(self, events_path):
@@ -103,11 +120,26 @@ def wait_for_store(port, deadline):
     raise TimeoutError("node A's agent never opened the rendezvous endpoint")
 
 
-def wait_for(path, deadline, test, what):
+class DrillError(Exception):
+    pass
+
+
+def wait_for(path, deadline, test, what, alive=(), healthy=(), since=0.0):
+    """The first event that passes `test`. Meanwhile the agent of each node in `alive` must
+    keep running, and each node in `healthy` must also report no failed worker after `since`:
+    else the drill ends at once."""
     while time.monotonic() < deadline:
         for event in read_events(path):
             if test(event):
                 return event
+        for node in {*alive, *healthy}:
+            if node.process.poll() is not None:
+                raise DrillError(f"node {node.name}'s agent ended (exit code "
+                                 f"{node.process.returncode}) before {what}")
+        for node in healthy:
+            if any(t > since for t in node.failures):
+                raise DrillError(f"a worker of node {node.name} failed before {what}, where "
+                                 "none should")
         time.sleep(0.05)
     raise TimeoutError(f"the drill waited in vain for {what}")
 
@@ -128,34 +160,45 @@ def main():
                "--snapshot-every", "3", "--snapshot", str(out / "snapshot.pt"),
                "--checkpoint", str(out / "final.pt"), "--events", str(events)]
     # OMP: the cores shared out; TORCH_DISABLE_SHARE_RDZV_TCP_STORE: see the kill drill.
-    env = dict(os.environ, OMP_NUM_THREADS="1", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
+    env = dict(os.environ, OMP_NUM_THREADS="1", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1",
+               LOGLEVEL="INFO")
+    gpus = visible_gpu_count(env)
+    devices = ["", ""]  # CUDA_VISIBLE_DEVICES of nodes A and B: none, the CPU with gloo
+    if gpus >= big:
+        devices = gpus_per_node(env, gpus, args.nproc, 2)
+    elif gpus:
+        print(f"note: nodes A and B need {big} GPUs ({args.nproc} each, one per worker) and "
+              f"this machine has {gpus}: both run on the CPU with gloo instead", flush=True)
+    env_a, env_b = (dict(env, CUDA_VISIBLE_DEVICES=d) for d in devices)
     deadline = time.monotonic() + args.timeout
     nodes = []
     try:
         print(f"== 1. nodes A and B start: world size {big}", flush=True)
-        nodes.append(Node("A", command, env))
+        nodes.append(Node("A", command, env_a))
         wait_for_store(port, deadline)  # A first: its agent hosts the rendezvous store
-        nodes.append(Node("B", command, env))
+        nodes.append(Node("B", command, env_b))
         wait_for(events, deadline, lambda e: e["world_size"] == big and e["step"] >= 5,
-                 f"step 5 at world size {big}")
+                 f"step 5 at world size {big}", healthy=nodes)
 
         print("\n== 2. node B is lost (SIGKILL to its agent and workers); A goes on alone",
               flush=True)
         lost_at = time.time()
         nodes[1].lose(events)
+        # A's workers fail at their next collective, as they should: its agent must live on.
         shrunk = wait_for(events, deadline, lambda e: e["world_size"] == small
                           and e["time"] > lost_at and e["rank"] == 0,
-                          f"a step at world size {small}")
+                          f"a step at world size {small}", alive=nodes[:1])
 
         print("\n== 3. node B comes back: the same command", flush=True)
         back_at = time.time()
-        nodes.append(Node("B", command, env))
+        nodes.append(Node("B", command, env_b))
         grown = wait_for(events, deadline, lambda e: e["world_size"] == big
                          and e["time"] > back_at and e["rank"] == 0,
-                         f"a step at world size {big} after node B's return")
+                         f"a step at world size {big} after node B's return",
+                         healthy=[nodes[0], nodes[2]], since=back_at)
         for node in (nodes[0], nodes[2]):
             node.process.wait(timeout=max(1.0, deadline - time.monotonic()))
-    except (TimeoutError, subprocess.TimeoutExpired) as error:
+    except (DrillError, TimeoutError, subprocess.TimeoutExpired) as error:
         sys.exit(f"error: {error}; the output above shows where the job stopped")
     finally:
         for node in nodes:

@@ -32,9 +32,9 @@ from ddpcourse.cluster import slurm
 from ddpcourse.cluster.launch import LaunchError, launch
 from ddpcourse.events import attempts_of, read_events
 from ddpcourse.report import summary_line
+from ddpcourse.scripts import import_script
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from lesson6_kill_drill import same_weights  # noqa: E402  (the kill drill's bit-for-bit check)
+same_weights = import_script("experiments/lesson6_kill_drill", "same_weights")  # bit for bit
 
 ROOT = Path(__file__).resolve().parents[2]
 STEP = "scripts/lesson6_preemptible.py"

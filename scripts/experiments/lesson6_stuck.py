@@ -13,7 +13,6 @@ rank registers that signal here) or `py-spy dump --pid PID`, without stopping an
 
 import faulthandler
 import os
-import pickle
 import signal
 import sys
 import time
@@ -24,17 +23,12 @@ import torch.distributed as dist
 
 from ddpcourse.cli import ArgumentParser
 from ddpcourse.runtime import world_of_one_unless_launched
+from ddpcourse.traces import flight_recorder
 
 
 def last_collectives(count=3):
     """This rank's last collectives from the flight recorder, oldest first."""
-    # Private: the only way in this torch to read gloo's flight recorder from Python.
-    from torch._C._distributed_c10d import _dump_fr_trace
-
-    trace = pickle.loads(_dump_fr_trace(includeCollectives=True, includeStackTraces=False,
-                                        onlyActive=False))
-    return [f"#{e['collective_seq_id']} {e['profiling_name']}"
-            for e in trace.get("entries", [])][-count:]
+    return [f"#{e['collective_seq_id']} {e['profiling_name']}" for e in flight_recorder()][-count:]
 
 
 def main():
@@ -44,8 +38,11 @@ def main():
     parser.add_argument("--timeout", type=float, default=8,
                         help="seconds a collective may wait for the other processes")
     args = parser.parse_args()
-    world_of_one_unless_launched("make lesson6-stuck NPROC=3")
+    world_of_one_unless_launched()
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if not 0 <= args.stuck_rank < world_size or world_size < 2:
+        parser.error(f"--stuck-rank {args.stuck_rank} in a world of {world_size}: a stuck rank "
+                     "needs another rank to wait for it (start 2 or more processes)")
     # The flight recorder keeps this many collectives per rank; read when the group is made.
     os.environ.setdefault("TORCH_FR_BUFFER_SIZE", "64")
     dist.init_process_group("gloo", timeout=timedelta(seconds=args.timeout))

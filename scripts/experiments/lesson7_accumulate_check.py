@@ -36,9 +36,9 @@ from ddpcourse.data import NUM_CLASSES, load_datasets
 from ddpcourse.models import create_model
 from ddpcourse.report import format_table, summary_line
 from ddpcourse.runtime import fail, pick_device, world_of_one_unless_launched
+from ddpcourse.scripts import import_script
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from lesson3_check_equivalence import flat  # noqa: E402  (lesson 3's comparison)
+flat = import_script("lesson3_check_equivalence", "flat")  # lesson 3's comparison
 
 
 def parse_args():
@@ -95,8 +95,7 @@ def train(model, steps, lr, device, accumulation=1, use_no_sync=True):
 def main():
     args = parse_args()
     started = time.perf_counter()
-    world_of_one_unless_launched("make lesson7-accumulate NPROC=2  (or: torchrun --nproc-per-"
-                                 "node=2 scripts/experiments/lesson7_accumulate_check.py)")
+    world_of_one_unless_launched()
     rank = int(os.environ["RANK"])
     local_rank = int(os.environ["LOCAL_RANK"])
     world_size = int(os.environ["WORLD_SIZE"])

@@ -22,7 +22,6 @@ forward of its own: a Python call per saved tensor would slow the timed steps, a
 
 import copy
 import os
-import sys
 import time
 from datetime import timedelta
 
@@ -32,14 +31,14 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from lesson7_mixed_precision import DTYPES  # noqa: E402  (the step's own)
-
 from ddpcourse.cli import ArgumentParser
 from ddpcourse.data import DATASETS, NUM_CLASSES, load_datasets
 from ddpcourse.models import create_model
 from ddpcourse.report import format_table, summary_line
 from ddpcourse.runtime import pick_device, world_of_one_unless_launched
+from ddpcourse.scripts import import_script
+
+DTYPES = import_script("lesson7_mixed_precision", "DTYPES")  # the step's own
 
 PRECISIONS = tuple(DTYPES)
 
@@ -116,8 +115,7 @@ def main():
     args = parse_args()
     started = time.perf_counter()
 
-    world_of_one_unless_launched("make lesson7-amp NPROC=2  (or: torchrun --nproc-per-node=2 "
-                                 "scripts/experiments/lesson7_amp_bench.py)")
+    world_of_one_unless_launched()
     rank = int(os.environ["RANK"])              # this process, 0 .. world_size - 1
     local_rank = int(os.environ["LOCAL_RANK"])  # its number on this node: picks the GPU
     world_size = int(os.environ["WORLD_SIZE"])  # processes in the job

@@ -24,7 +24,6 @@ training loop with measurements:
 
 import copy
 import os
-import sys
 import time
 from datetime import timedelta
 
@@ -39,10 +38,10 @@ from ddpcourse.data import DATASETS, NUM_CLASSES, load_datasets
 from ddpcourse.models import create_model
 from ddpcourse.report import format_table, summary_line
 from ddpcourse.runtime import pick_device, world_of_one_unless_launched
+from ddpcourse.scripts import import_script
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # lesson 3's linear rule (0.1 for a global batch of 256) and its evaluation
-from lesson3_ddp import BASE_BATCH, BASE_LR, evaluate  # noqa: E402
+BASE_BATCH, BASE_LR, evaluate = import_script("lesson3_ddp", "BASE_BATCH", "BASE_LR", "evaluate")
 
 MB = 2**20
 
@@ -130,8 +129,7 @@ def train_and_evaluate(start, train_set, val_set, batch_size, lr, epochs, rank, 
 def main():
     args = parse_args()
     started = time.perf_counter()
-    world_of_one_unless_launched("make lesson7-batch NPROC=2  (or: torchrun --nproc-per-node=2 "
-                                 "scripts/experiments/lesson7_batch_size.py)")
+    world_of_one_unless_launched()
     rank = int(os.environ["RANK"])              # this process, 0 .. world_size - 1
     local_rank = int(os.environ["LOCAL_RANK"])  # its number on this node: picks the GPU
     world_size = int(os.environ["WORLD_SIZE"])  # processes in the job

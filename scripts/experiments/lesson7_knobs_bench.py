@@ -13,8 +13,9 @@ their range):
    which knob fixes which case and what it costs per step.
 2. gradient_as_bucket_view: where p.grad lives (its own memory, or a view into DDP's bucket).
 3. forward_sync_buffers (broadcast_buffers before torch 2.14, which still takes it with a
-   FutureWarning): BatchNorm's running statistics on every rank, with and without rank 0's
-   buffers broadcast before each forward.
+   FutureWarning; this experiment passes whichever name the installed torch has): BatchNorm's
+   running statistics on every rank, with and without rank 0's buffers broadcast before each
+   forward.
 4. Communication hooks (the step's COMM_HOOKS): fp16 and bf16 compression of the gradients.
    Each step the exact average is computed too, to measure the error; test_resnet trains on
    the digits with each hook from the same start, once per data order (--orders), so the
@@ -22,9 +23,9 @@ their range):
 """
 
 import copy
+import inspect
 import os
 import statistics
-import sys
 import time
 from datetime import timedelta
 
@@ -36,14 +37,20 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, Subset
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from lesson7_ddp_knobs import COMM_HOOKS, evaluate  # noqa: E402  (the step's own)
+# torch 2.14 renamed DDP's broadcast_buffers to forward_sync_buffers; older torch has only the
+# old name, and 2.14 warns on it: pass whichever this torch takes.
+BUFFER_SYNC = next(name for name in ("forward_sync_buffers", "broadcast_buffers")
+                   if name in inspect.signature(DDP).parameters)
 
 from ddpcourse.cli import ArgumentParser
 from ddpcourse.data import NUM_CLASSES, load_datasets
 from ddpcourse.models import create_model
 from ddpcourse.report import format_table, summary_line
 from ddpcourse.runtime import pick_device, world_of_one_unless_launched
+from ddpcourse.scripts import import_script
+
+# the step's own
+COMM_HOOKS, evaluate = import_script("lesson7_ddp_knobs", "COMM_HOOKS", "evaluate")
 
 
 def parse_args():
@@ -130,8 +137,7 @@ def measured_hook(compress):
 def main():
     args = parse_args()
     started = time.perf_counter()
-    world_of_one_unless_launched("make lesson7-knobs NPROC=2  (or: torchrun --nproc-per-node=2 "
-                                 "scripts/experiments/lesson7_knobs_bench.py)")
+    world_of_one_unless_launched()
     rank = int(os.environ["RANK"])
     local_rank = int(os.environ["LOCAL_RANK"])
     world_size = int(os.environ["WORLD_SIZE"])
@@ -196,14 +202,14 @@ def main():
     buffer_ms, spreads = {True: [], False: []}, {}
     for _ in range(args.rounds):
         for broadcast in (True, False):
-            model = DDP(copy.deepcopy(start), device_ids=ids, forward_sync_buffers=broadcast)
+            model = DDP(copy.deepcopy(start), device_ids=ids, **{BUFFER_SYNC: broadcast})
             buffer_ms[broadcast].append(timed_steps(model, batches, lambda step: True,
                                                     device)[0])
             running = model.module.trunk[1].running_mean.clone()
             copies = [torch.empty_like(running) for _ in range(world_size)]
             dist.all_gather(copies, running)
             spreads[broadcast] = max((c - copies[0]).abs().max().item() for c in copies)
-    buffer_rows = [{"forward_sync_buffers": b,
+    buffer_rows = [{BUFFER_SYNC: b,
                     "max |running_mean(rank r) - rank 0's|": f"{spreads[b]:.2e}",
                     "ms/step": timing(buffer_ms[b])} for b in (True, False)]
 

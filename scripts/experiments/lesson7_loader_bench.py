@@ -39,7 +39,7 @@ from PIL import Image
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from ddpcourse.cli import ArgumentParser
-from ddpcourse.data import _digits_table
+from ddpcourse.data import digits_table
 from ddpcourse.models import create_model
 from ddpcourse.report import format_table, summary_line
 from ddpcourse.runtime import pick_device
@@ -81,7 +81,7 @@ class EncodedDigits(Dataset):
     dataset cycles through them, each sample decoded again as a file would be."""
 
     def __init__(self, size: int, length: int = 4096, record_draws: bool = False):
-        table = torch.from_numpy(_digits_table())
+        table = torch.from_numpy(digits_table())
         small = table[:256, :-1].reshape(-1, 1, 8, 8) / 16.0
         big = F.interpolate(small, size=(size, size), mode="bilinear", align_corners=False)
         pixels = (big.clamp(0, 1) * 255).byte().expand(-1, 3, -1, -1).permute(0, 2, 3, 1)

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from ddpcourse.cli import ArgumentParser
-from ddpcourse.data import _digits_table
+from ddpcourse.data import digits_table
 from ddpcourse.report import format_table, summary_line
 from ddpcourse.runtime import fail, world_of_one_unless_launched
 
@@ -64,7 +64,7 @@ def image_chunks(megabytes: int):
     Yielded a chunk at a time, always in the same buffer: the chunks must be copied (or
     written) before the next one comes, and the process holds one chunk, never a second
     copy of the dataset (freed memory would mostly stay with the process: glibc keeps it)."""
-    table = torch.from_numpy(_digits_table())
+    table = torch.from_numpy(digits_table())
     digits = F.interpolate(table[:, :-1].reshape(-1, 1, 8, 8) / 16.0, size=(32, 32),
                            mode="bilinear", align_corners=False).expand(-1, 3, -1, -1)
     buffer = torch.empty(digits.shape)
@@ -101,8 +101,7 @@ def memory_of_this_process() -> dict:
 def main():
     args = parse_args()
     started = time.perf_counter()
-    world_of_one_unless_launched("make lesson7-shared NPROC=3  (or: torchrun --nproc-per-node"
-                                 "=3 scripts/experiments/lesson7_shared_dataset.py)")
+    world_of_one_unless_launched()
     rank = int(os.environ["RANK"])
     local_rank = int(os.environ["LOCAL_RANK"])
     world_size = int(os.environ["WORLD_SIZE"])

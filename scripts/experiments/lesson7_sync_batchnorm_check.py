@@ -31,10 +31,10 @@ from ddpcourse.data import NUM_CLASSES, load_datasets
 from ddpcourse.models import create_model
 from ddpcourse.report import format_table, summary_line
 from ddpcourse.runtime import fail, pick_device, world_of_one_unless_launched
+from ddpcourse.scripts import import_script
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from lesson3_check_equivalence import flat, train  # noqa: E402  (lesson 3's comparison)
-from lesson7_sync_batchnorm import CPUSyncBatchNorm  # noqa: E402  (the step's own)
+flat, train = import_script("lesson3_check_equivalence", "flat", "train")  # lesson 3's comparison
+CPUSyncBatchNorm = import_script("lesson7_sync_batchnorm", "CPUSyncBatchNorm")  # the step's own
 
 DEFAULT_BATCH = 48  # small: rank 0 trains the whole batches again, alone
 
@@ -79,8 +79,7 @@ def load_sync_batch_norm(impl, rank, device):
 def main():
     args = parse_args()
     started = time.perf_counter()
-    world_of_one_unless_launched("make lesson7-syncbn NPROC=3  (or: torchrun --nproc-per-node=3 "
-                                 "scripts/experiments/lesson7_sync_batchnorm_check.py)")
+    world_of_one_unless_launched()
     rank = int(os.environ["RANK"])
     local_rank = int(os.environ["LOCAL_RANK"])
     world_size = int(os.environ["WORLD_SIZE"])

@@ -16,9 +16,7 @@ lesson8_scale.py): the same activations are kept, and checkpointing saves the sa
 """
 
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -26,11 +24,11 @@ import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from lesson8_scale import Decoder  # noqa: E402  (the scale experiment's decoder)
+from ddpcourse.cli import ArgumentParser
+from ddpcourse.report import format_table, summary_line
+from ddpcourse.scripts import import_script
 
-from ddpcourse.cli import ArgumentParser  # noqa: E402
-from ddpcourse.report import format_table, summary_line  # noqa: E402
+Decoder = import_script("experiments/lesson8_scale", "Decoder")  # the scale experiment's decoder
 
 
 def parse_args():

@@ -18,7 +18,6 @@ recorder), and checks that the three runs trained the same model.
 import gc
 import json
 import os
-import sys
 import time
 from datetime import timedelta
 
@@ -38,6 +37,7 @@ from ddpcourse.data import NUM_CLASSES, load_datasets
 from ddpcourse.models import create_model
 from ddpcourse.report import format_table, summary_line
 from ddpcourse.runtime import fail, pick_device, world_of_one_unless_launched
+from ddpcourse.scripts import import_script
 from ddpcourse.sharding import (
     blocks,
     collectives,
@@ -48,8 +48,8 @@ from ddpcourse.sharding import (
     shapes_of,
 )
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from lesson3_ddp import BASE_BATCH, BASE_LR  # noqa: E402  (lesson 3's learning-rate rule)
+# lesson 3's learning-rate rule
+BASE_BATCH, BASE_LR = import_script("lesson3_ddp", "BASE_BATCH", "BASE_LR")
 
 OPTIMIZERS = {"adam": (torch.optim.Adam, {"lr": 1e-3}),
               "sgd_momentum": (torch.optim.SGD, {"momentum": 0.9})}  # lr: lesson 3's rule
@@ -144,8 +144,7 @@ def full_weights(model):
 def main():
     args = parse_args()
     started = time.perf_counter()
-    world_of_one_unless_launched("make lesson8-memory NPROC=2  (or: torchrun --nproc-per-node=2 "
-                                 "scripts/experiments/lesson8_memory.py)")
+    world_of_one_unless_launched()
     rank = int(os.environ["RANK"])
     local_rank = int(os.environ["LOCAL_RANK"])
     world_size = int(os.environ["WORLD_SIZE"])

@@ -79,8 +79,7 @@ def comms(mode: CommDebugMode) -> str:
 def main():
     args = parse_args()
     started = time.perf_counter()
-    world_of_one_unless_launched("make lesson8-tp NPROC=2  (or: torchrun --nproc-per-node=2 "
-                                 "scripts/experiments/lesson8_tensor_parallel.py)")
+    world_of_one_unless_launched()
     rank = int(os.environ["RANK"])
     local_rank = int(os.environ["LOCAL_RANK"])
     world_size = int(os.environ["WORLD_SIZE"])

@@ -91,6 +91,29 @@ def test_exit_barrier_noise_after_a_finished_job_is_explained():
     assert lines[5].startswith("note: the traceback above comes after the job finished")
 
 
+def test_torchrun_stopped_by_a_signal_says_so_in_one_line_and_other_tracebacks_stay():
+    lines = []
+    f = AgentFailureSummary(lines.append)
+    stopped = ["W1128 12:11:36 api.py:753] Received 15 death signal, shutting down workers\n",
+               "Traceback (most recent call last):\n",
+               '  File "/v/bin/torchrun", line 8, in <module>\n', "    sys.exit(main())\n",
+               '  File "/v/torch/distributed/elastic/multiprocessing/api.py", line 86, in '
+               "_terminate_process_handler\n",
+               "torch.distributed.elastic.multiprocessing.api.SignalException: Process 19928 got "
+               "signal: 15\n"]
+    other = ["Traceback (most recent call last):\n", '  File "train.py", line 3\n',
+             "ValueError: bad\n"]
+    cut = ["Traceback (most recent call last):\n", '  File "train.py", line 9\n']
+    for line in stopped + other + ["next\n"] + cut:
+        f.feed(line)
+    assert lines == [stopped[0],
+                     "note: torchrun (pid 19928) got SIGTERM and stopped its workers, passing "
+                     "the signal on: that is how a stopped job ends (its traceback left out; "
+                     "COURSE_RAW_TORCHRUN=1 shows it)\n", *other, "next\n"]
+    f.close()  # the output ended inside a traceback: shown as it was
+    assert lines[-2:] == cut
+
+
 @pytest.mark.slow
 def test_a_hanging_job_is_stopped_at_its_time_limit(tmp_path):
     script = tmp_path / "hang.py"

@@ -2,17 +2,10 @@
 the single-device run; the data and model helpers fail with one line, never a download."""
 
 import os
-import re
 import subprocess
 
 import pytest
-from util import PYTHON, ROOT, run
-
-
-def summary(stdout: str) -> dict[str, str]:
-    lines = [line for line in stdout.splitlines() if line.startswith("summary: ")]
-    assert len(lines) == 1, stdout
-    return dict(re.findall(r"(\w+)=(\S+)", lines[0]))
+from util import PYTHON, ROOT, run, summary
 
 
 @pytest.mark.slow

@@ -12,17 +12,10 @@ import os
 import re
 
 import pytest
-from util import PYTHON, ROOT, run
+from util import PYTHON, ROOT, run, summary
 
 from ddpcourse.cli import split_batch
 from ddpcourse.cluster.launch import launch
-
-
-def summary(stdout: str) -> dict[str, str]:
-    lines = [line for line in stdout.splitlines() if line.startswith("summary: ")]
-    assert len(lines) == 1, stdout  # rank 0 alone prints it
-    return dict(re.findall(r"(\w+)=(\S+)", lines[0]))
-
 
 # 3 processes and no --batch-size: the default 256 does not split in three, so 255 = 3 x 85
 ODD_WORLD = ["--epochs", "6"]

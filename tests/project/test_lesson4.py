@@ -22,6 +22,8 @@ from ddpcourse.collectives import (
 )
 from ddpcourse.figures.collectives import FIGURE_ORDER, draw
 
+ALLREDUCE_BENCH = "scripts/experiments/lesson4_allreduce_bench.py"
+
 
 def sections(stdout: str) -> dict[str, list[list[str]]]:
     """The collectives script's tables: 'name: call' -> rows of [rank, before, after]."""
@@ -189,7 +191,7 @@ def test_hang_drill_ends_at_the_timeout_and_the_fix_finishes():
 @pytest.mark.timeout(150)
 def test_allreduce_bench_quick_run(tmp_path):
     plot = tmp_path / "bench.png"
-    result = run([PYTHON, "scripts/lesson4_allreduce_bench.py", "--max-bytes", "4K",
+    result = run([PYTHON, ALLREDUCE_BENCH, "--max-bytes", "4K",
                   "--world-sizes", "3", "--plot", str(plot)], timeout=140)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     data = json.loads((ROOT / "runs" / "lesson4_allreduce_W3.json").read_text())
@@ -208,9 +210,9 @@ def test_allreduce_bench_quick_run(tmp_path):
 
 
 @pytest.mark.parametrize("cmd, message", [
-    (["scripts/lesson4_allreduce_bench.py", "--max-bytes", "10"], "is smaller than --min-bytes"),
-    (["scripts/lesson4_allreduce_bench.py", "--max-bytes", "lots"], "is not a size"),
-    (["scripts/lesson4_allreduce_bench.py", "--world-sizes", "1"], "at least 2 processes"),
+    ([ALLREDUCE_BENCH, "--max-bytes", "10"], "is smaller than --min-bytes"),
+    ([ALLREDUCE_BENCH, "--max-bytes", "lots"], "is not a size"),
+    ([ALLREDUCE_BENCH, "--world-sizes", "1"], "at least 2 processes"),
     (["scripts/lesson4_hang.py", "--timeout", "0"], "--timeout must be a positive"),
 ])
 def test_bad_arguments_are_one_line_errors(cmd, message):

@@ -18,7 +18,7 @@ import subprocess
 import time
 
 import pytest
-from util import PYTHON, REAL_PYTHON, ROOT, run
+from util import PYTHON, REAL_PYTHON, ROOT, run, summary
 
 from ddpcourse.cluster import hosts as H
 from ddpcourse.cluster.hosts import Hosts, HostsError, parse_link, torchrun_command
@@ -212,9 +212,13 @@ def test_without_ip_or_root_it_says_so_and_points_to_the_simulation(monkeypatch)
     assert result.stderr.splitlines() == [
         "error: separate hosts need the `ip` command (iproute2), which is not installed; "
         f"{H.FALLBACK}"]
-    if os.geteuid() == 0 and H.shutil.which("setpriv"):  # really not root: user nobody
-        # The real interpreter: as nobody, a stand-in could not exec it from /root.
-        result = run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", REAL_PYTHON,
+    if os.geteuid() == 0 and H.shutil.which("setpriv"):  # really without the capability
+        # Root without CAP_SYS_ADMIN (a container's root, often): every capability dropped but
+        # reading files, so that the course can be imported wherever the clone sits (user
+        # nobody could not read it in a private folder). The real interpreter: a fork
+        # server's stand-in would carry our capabilities.
+        result = run(["setpriv", "--bounding-set=-all,+dac_override,+dac_read_search",
+                      "--inh-caps=-all", REAL_PYTHON,
                       "-m", "ddpcourse.cluster.hosts", "run", "scripts/lesson1_whoami.py"],
                      timeout=30)
         assert result.returncode == 2
@@ -422,12 +426,6 @@ def test_the_launcher_runs_one_agent_per_host_and_stops_them_all(tmp_path, scrip
 
 
 # torch across the hosts ------------------------------------------------------------------------
-
-def summary(stdout: str) -> dict[str, str]:
-    lines = [line for line in stdout.splitlines() if line.startswith("summary: ")]
-    assert len(lines) == 1, stdout  # rank 0 alone prints it
-    return dict(re.findall(r"(\w+)=(\S+)", lines[0]))
-
 
 @needs_hosts
 @pytest.mark.slow

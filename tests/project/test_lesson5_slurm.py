@@ -22,7 +22,7 @@ import time
 from types import SimpleNamespace
 
 import pytest
-from util import PYTHON, ROOT, machine_load, run
+from util import PYTHON, REAL_PYTHON, ROOT, machine_load, run
 
 from ddpcourse.cluster import hosts as H
 from ddpcourse.cluster import slurm as S
@@ -172,8 +172,11 @@ def test_without_slurm_or_root_it_says_what_to_do(monkeypatch, capsys, tmp_path)
             "error: SLURM on the course's hosts needs munged, slurmctld, slurmd, sbatch, srun, "
             "scontrol, sinfo, scancel: install slurm-wlm and munge (apt-get install slurm-wlm "
             "munge)"]
-    if os.geteuid() == 0 and H.shutil.which("setpriv"):  # really not root: user nobody
-        result = run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", PYTHON,
+    if os.geteuid() == 0 and H.shutil.which("setpriv"):  # really without the capability
+        # As in test_lesson5_hosts.py: root without CAP_SYS_ADMIN, still able to read the
+        # clone wherever it sits, on the real interpreter.
+        result = run(["setpriv", "--bounding-set=-all,+dac_override,+dac_read_search",
+                      "--inh-caps=-all", REAL_PYTHON,
                       "-m", "ddpcourse.cluster.slurm", "run", TORCHRUN_SBATCH], timeout=30)
         assert result.returncode == 2
         assert result.stderr.splitlines() == [

@@ -15,7 +15,7 @@ import json
 import re
 
 import pytest
-from util import PYTHON, ROOT, run
+from util import PYTHON, ROOT, run, summary
 
 from ddpcourse.cluster.launch import launch
 from ddpcourse.figures.speed import draw_loader, draw_memory, draw_overlap, recorded
@@ -41,11 +41,6 @@ def job(script, args, nproc, expect=0):
                     capture=True, echo=False, backend="gloo")
     assert result.returncode == expect, (result.stdout + result.stderr)[-3000:]
     return result.stdout if expect == 0 else result.stderr
-
-
-def summary(out: str) -> dict[str, str]:
-    line = next(line for line in out.splitlines() if line.startswith("summary: "))
-    return dict(item.split("=", 1) for item in line.split()[1:])
 
 
 def table(out: str, first_header: str) -> list[dict]:

@@ -14,7 +14,7 @@ import math
 import re
 
 import pytest
-from util import PYTHON, ROOT, run
+from util import PYTHON, ROOT, run, summary
 
 from ddpcourse.cluster.launch import launch
 from ddpcourse.sharding import (
@@ -29,12 +29,6 @@ from ddpcourse.sharding import (
 
 MARGIN = 0.001  # lesson8_memory.py's stated margin: 0.1 % of a rank's total
 MICRO, STAGES, WIDTH = 4, 2, 768  # the pipeline job's micro-batches, stages and block width
-
-
-def summary(stdout: str) -> dict[str, str]:
-    lines = [line for line in stdout.splitlines() if line.startswith("summary: ")]
-    assert len(lines) == 1, stdout  # rank 0 alone prints it
-    return dict(re.findall(r"(\w+)=(\S+)", lines[0]))
 
 
 def table(stdout: str) -> list[dict[str, str]]:
@@ -286,6 +280,12 @@ def test_a_checkpoint_saved_sharded_at_w2_loads_at_w3_to_the_same_weights(checkp
                      r"([0-9a-f]{16}) \(92 tensors\)$", loaded, re.M)
     assert written and read, saved + loaded
     assert written.group(1) == read.group(1)
+    # Validated after loading, they score what the run that saved them scored.
+    validated = re.search(r"^resumed weights: val acc (\S+) \(359 images\); the run that saved "
+                          r"them: val acc (\S+)$", loaded, re.M)
+    assert validated and validated.group(1) == validated.group(2), loaded
+    assert float(summary(loaded)["val_acc"]) == float(summary(saved)["val_acc"]) > 0.2
+    assert "train_loss" not in summary(loaded)  # no step taken, so no training loss
     assert sorted(p.name for p in (folder / "w2").iterdir()) == [
         ".metadata", "__0_0.distcp", "__1_0.distcp"]  # a file per rank, and the index
     assert sorted(p.name for p in (folder / "w3").iterdir())[1:] == [

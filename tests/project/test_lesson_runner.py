@@ -8,7 +8,7 @@ from jobcache import JOB_CACHE, shared_job_cache
 from util import PYTHON, ROOT, run
 
 from ddpcourse.cluster.launch import launch
-from ddpcourse.course.lessons import Step, Target, run_target
+from ddpcourse.course.lessons import Step, Target, run_target, shown
 
 
 def script(tmp_path, name, body):
@@ -33,6 +33,25 @@ def test_steps_run_in_order_drills_may_fail_and_other_failures_stop(tmp_path, ca
     assert "ran ['--n', '6', '--epochs', '1']" in out  # {world} = NPROC x NNODES, then ARGS
     assert "never" not in out
     assert out.count("$ CUDA_VISIBLE_DEVICES= ") == 3  # each step echoed as it runs
+
+
+def test_a_target_refuses_fewer_processes_than_it_needs_and_echoes_paths_as_typed(
+        tmp_path, capfd, monkeypatch):
+    ok = script(tmp_path, "ok.py", "print('ran')")
+    target = Target("needs-two", "a stuck rank and one waiting", [Step("python", [ok])],
+                    min_world=2)
+    assert run_target(target, nproc="1", nnodes="1", port="", timeout="30", backend="gloo",
+                      extra=[]) == 2
+    captured = capfd.readouterr()
+    assert "ran" not in captured.out  # refused before any step
+    assert captured.err == ("error: make needs-two needs NPROC x NNODES of at least 2 (here 1): "
+                            "a stuck rank and one waiting\n")
+    assert run_target(target, nproc="1", nnodes="2", port="", timeout="30", backend="gloo",
+                      extra=[]) == 0
+    # The interpreter is echoed relative to the course folder inside it, whole outside it.
+    monkeypatch.chdir(tmp_path)
+    assert shown(str(tmp_path / "venv" / "bin" / "python")) == "venv/bin/python"
+    assert shown("/opt/python/bin/python3") == "/opt/python/bin/python3"
 
 
 def test_unknown_target_and_bad_args_are_one_line_errors():

@@ -7,7 +7,7 @@ import time
 import pytest
 from util import ROOT, promised_diffs
 
-from ddpcourse.figures import figure_functions, write_figures
+from ddpcourse.course.lessons import figure_functions, write_figures
 
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 READINGS = sorted((ROOT / "lessons").glob("lesson*/*.md")) + [ROOT / "README.md"]
@@ -39,6 +39,25 @@ def test_notebook_runs_from_top_to_bottom(path):
                 if "image/png" in o.get("data", {}))
     assert shown >= 1, "a lesson notebook shows at least one diagram"
     print(f"{path.name}: {time.monotonic() - started:.1f} s")
+
+
+def test_the_site_shows_notebook_outputs_without_the_building_machine_s_folder():
+    import nbformat
+
+    from ddpcourse.course.site import without_build_paths
+
+    cell = nbformat.v4.new_code_cell("print(Path.cwd())")
+    cell.outputs = [
+        nbformat.v4.new_output("stream", name="stdout",
+                               text=f"working directory: {ROOT}\n$ {ROOT}/.venv/bin/torchrun\n"),
+        nbformat.v4.new_output("execute_result", data={"text/plain": f"PosixPath('{ROOT}/runs')",
+                                                       "image/png": "iVBORw0KGgo="}),
+        nbformat.v4.new_output("error", ename="E", evalue="", traceback=[f"File {ROOT}/x.py"])]
+    nb = nbformat.v4.new_notebook(cells=[cell])
+    without_build_paths(nb)
+    assert [o.get("text") or o.get("data") or o.get("traceback") for o in cell.outputs] == [
+        "working directory: .\n$ .venv/bin/torchrun\n",
+        {"text/plain": "PosixPath('runs')", "image/png": "iVBORw0KGgo="}, ["File x.py"]]
 
 
 @pytest.mark.slow

@@ -1,6 +1,6 @@
 import pytest
 
-from ddpcourse.report import format_table, summary_line
+from ddpcourse.report import format_table, parse_summary, summary_line
 from ddpcourse.topology import Process, draw, layout, rank_table
 
 
@@ -50,3 +50,16 @@ def test_format_table_and_summary_line():
     table = format_table([{"a": 1, "bb": "x"}, {"a": 100, "bb": "yy"}])
     assert table.splitlines() == ["a    bb", "---  --", "1    x", "100  yy"]
     assert summary_line(world_size=4, loss=0.123456) == "summary: world_size=4 loss=0.1235"
+
+
+def test_parse_summary_reads_back_what_summary_line_wrote():
+    fields = {"world_size": 3, "loss": 0.123456, "ok": True, "caps": "default,25", "empty": ""}
+    line = summary_line(**fields)
+    out = f"rank 0: summary of nothing\nsummary: world_size=1 stale=yes\n{line}\nbye\n"
+    assert parse_summary(out) == {"world_size": "3", "loss": "0.1235", "ok": "True",
+                                  "caps": "default,25", "empty": ""}
+    assert parse_summary(line, once=True) == parse_summary(out)
+    with pytest.raises(ValueError, match="2 `summary: ...` lines where one was expected"):
+        parse_summary(out, once=True)  # a summary printed twice: by every rank, say
+    with pytest.raises(ValueError, match="0 `summary: ...` lines(.|\n)*no summary here"):
+        parse_summary("training...\nno summary here\n")

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from ddpcourse.report import parse_summary
+
 ROOT = Path(__file__).resolve().parents[2]
 PYTHON = sys.executable  # a fork server's stand-in (tests/project/conftest.py)
 REAL_PYTHON = os.environ.get("COURSE_REAL_PYTHON", sys.executable)
@@ -19,6 +21,11 @@ def machine_load() -> str:
     load, cores = os.getloadavg()[0], os.cpu_count() or 1
     verdict = "the machine was loaded; rerun when it is quieter" if load > cores else "not loaded"
     return f"load average {load:.1f} on {cores} cores: {verdict}"
+
+
+def summary(stdout: str) -> dict[str, str]:
+    """The fields of a job's one `summary:` line (rank 0 alone prints it), as printed."""
+    return parse_summary(stdout, once=True)
 
 
 def run(cmd, timeout=120, env=None, cwd=ROOT, **kwargs):

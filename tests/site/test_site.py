@@ -209,6 +209,13 @@ def test_notebook_pages_show_executed_outputs(crawl):
         assert facts["output_images"] > 0, f"{path}: no diagram among its outputs"
 
 
+def test_no_page_shows_the_folder_the_site_was_built_in(crawl):
+    # The notebooks ran in this checkout: their outputs name paths inside it relative to it.
+    shown = [str(page.relative_to(SITE)) for page in SITE.rglob("*.html")
+             if str(ROOT) in page.read_text(errors="replace")]
+    assert shown == []
+
+
 def test_screenshots_of_the_home_page_and_lesson_3(crawl):
     for name in ("home.png", "lesson3.png"):
         assert (SCREENSHOTS / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

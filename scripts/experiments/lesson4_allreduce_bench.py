@@ -1,8 +1,8 @@
 """Lesson 4: what an all-reduce costs. Time, algbw and busbw from 1 KB to 256 MB.
 
     make bench-allreduce                     # world sizes 2 and 4, then a plot in runs/
-    .venv/bin/python scripts/lesson4_allreduce_bench.py --max-bytes 1M --world-sizes 2
-    torchrun --nproc-per-node=4 scripts/lesson4_allreduce_bench.py   # one world size, a table
+    .venv/bin/python scripts/experiments/lesson4_allreduce_bench.py --max-bytes 1M --world-sizes 2
+    torchrun --nproc-per-node=4 scripts/experiments/lesson4_allreduce_bench.py   # one world size
 
 Started without torchrun, it launches itself once per world size, then fits the cost model
 and draws runs/lesson4_allreduce_bench.png. Three ways to sum a float32 tensor over all ranks:
@@ -28,7 +28,7 @@ from pathlib import Path
 
 from ddpcourse.cli import ArgumentParser, byte_count, human
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 METHODS = ("all_reduce", "ring", "naive")
 parser = ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--min-bytes", type=byte_count, default=byte_count("1K"))

@@ -1,7 +1,7 @@
 """Lesson 3 benchmark: one device vs DDP on 2 and 4 processes, and what starting a job costs.
 
     make bench-ddp
-    python scripts/lesson3_benchmark.py --epochs 8 --nprocs 2 4
+    python scripts/experiments/lesson3_benchmark.py --epochs 8 --nprocs 2 4
 
 Each setting runs twice: once to train (samples/s over the training loop, and the wall time
 of the whole run), once with --epochs 0, which starts the processes, imports torch and timm,
@@ -10,7 +10,6 @@ The single-device run is lesson2_single_device.py under plain python; the others
 lesson3_ddp.py under torchrun, with the CPU cores shared out among the processes.
 """
 
-import re
 import subprocess
 import sys
 import time
@@ -18,19 +17,12 @@ from pathlib import Path
 
 from ddpcourse.cli import ArgumentParser
 from ddpcourse.cluster.launch import LaunchError, launch, visible_gpu_count
-from ddpcourse.report import format_table, summary_line
+from ddpcourse.report import format_table, parse_summary, summary_line
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 SINGLE = "scripts/lesson2_single_device.py"
 DDP = "scripts/lesson3_ddp.py"
-
-
-def parse_summary(output: str) -> dict:
-    lines = [line for line in output.splitlines() if line.startswith("summary: ")]
-    if not lines:
-        return {}
-    return dict(re.findall(r"(\w+)=(\S+)", lines[-1]))
 
 
 def run_once(nproc: int | None, script_args: list[str], timeout: float) -> tuple[dict, float]:
