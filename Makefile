@@ -29,7 +29,7 @@ OPTS    := --nproc '$(NPROC)' --nnodes '$(NNODES)' --port '$(PORT)' --timeout '$
 # Checks NPROC/NNODES/PORT with the system Python before anything is installed or started.
 CHECK   := $(PYTHON) -m ddpcourse.cluster.launch --check $(OPTS)
 
-.PHONY: help setup bench test test-busy test-fast lint grade grade-class notebooks site site-test figures \
+.PHONY: help setup setup-lesson9 bench test test-busy test-fast test-lesson9 lint grade grade-class notebooks site site-test figures \
         student-release gradescope classroom-workflow clean
 
 help: ## list the targets
@@ -109,6 +109,21 @@ notebooks: setup ## execute every notebook and render HTML into build/notebooks
 $(VENV)/.site-installed: requirements-site.txt $(VENV)/.installed
 	$(VPY) -m pip install -q --no-compile -r requirements-site.txt 2>&1 | { grep -v 'is ignored' || true; }
 	@touch $@
+
+# Lesson 9's libraries (requirements-lesson9.txt) likewise; requirements.txt as constraints keeps
+# pip from replacing torch with another release.
+$(VENV)/.lesson9-installed: requirements-lesson9.txt $(VENV)/.installed
+	@echo "installing lesson 9's libraries into $(VENV) (first time: about half a minute)"
+	$(VPY) -m pip install -q --no-compile -r requirements-lesson9.txt -c requirements.txt 2>&1 \
+		| { grep -v 'is ignored' || true; }
+	@touch $@
+
+setup-lesson9: setup $(VENV)/.lesson9-installed ## add lesson 9's libraries (Lightning) to .venv
+	@:
+
+# Outside `make test` and its 5 minutes (2.5 minutes on 2 cores): each run imports Lightning.
+test-lesson9: setup-lesson9 ## lesson 9's libraries train to lesson 3's DDP weights, bit for bit
+	$(VPY) -m pytest -q -n 2 tests/lesson9
 
 # Executes every notebook from the repository root, as `make notebooks` does, then MkDocs builds
 # the pages (ddpcourse/course/site.py, mkdocs.yml). 8.5 minutes on 2 busy cores, nearly all of

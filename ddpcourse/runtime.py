@@ -71,6 +71,15 @@ def world_of_one_unless_launched(how_to_launch: str | None = None) -> bool:
     return False
 
 
+def needs_library(name: str, setup: str) -> None:
+    """Stop with one line, not an ImportError's traceback, where a library a lesson adds to
+    .venv on first use (`setup`: the make target that adds it) is not installed yet."""
+    import importlib.util
+
+    if importlib.util.find_spec(name) is None:
+        sys.exit(f"error: {name} is not installed here: `{setup}` adds it to .venv")
+
+
 def fail(message: str) -> NoReturn:
     """Stop with a one-line `error: ...` and exit status 1, instead of a traceback.
 

@@ -68,3 +68,18 @@ def test_a_step_started_without_torchrun_hints_at_itself(script, tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     assert (f"note: not started by torchrun, so this runs as a world of one process. To start "
             f"several: {hint_of(script)}\n") in result.stderr, result.stderr
+
+
+def test_a_script_whose_library_is_not_installed_says_which_make_target_adds_it(tmp_path):
+    # Lesson 9's scripts need libraries `make setup-lesson9` adds: without one, a line, not
+    # an ImportError's traceback. A script that needs a library no machine has stands in.
+    script = tmp_path / "needs_it.py"
+    script.write_text("from ddpcourse.runtime import needs_library\n"
+                      "needs_library('no_such_library_here', 'make setup-lesson9')\n"
+                      "import no_such_library_here\n")
+    result = run([PYTHON, str(script)], timeout=60)
+    assert result.returncode == 1
+    assert result.stderr == ("error: no_such_library_here is not installed here: "
+                             "`make setup-lesson9` adds it to .venv\n")
+    assert "lesson9" in (ROOT / "scripts" / "lesson9_fabric.py").read_text().split(
+        "needs_library(", 1)[1].split(")", 1)[0]

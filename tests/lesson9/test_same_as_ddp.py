@@ -1,0 +1,72 @@
+"""Lesson 9's libraries train lesson 3's model to the very weights lesson 3's DDP does.
+
+Lightning's Fabric and its Trainer, each started two ways (plain `python`, where the library
+starts the other processes, and torchrun, where it finds them), at W = 2 and W = 3, against
+`torchrun scripts/lesson3_ddp.py` with the same seed, data order and global batch: every
+tensor of the final state dict equal, bit for bit.
+
+`make test-lesson9` installs lesson 9's packages (requirements-lesson9.txt) into .venv and
+runs these; without the packages they skip, saying why. On the CPU with gloo, as every test.
+"""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from ddpcourse.cluster.launch import launch
+
+pytest.importorskip("lightning", reason="lesson 9's packages are not installed "
+                                        "(make test-lesson9 installs them)")
+
+ROOT = Path(__file__).resolve().parents[2]
+EPOCHS = ["--epochs", "2"]
+
+
+def weights(path: Path) -> dict:
+    return torch.load(path, weights_only=False)["model"]
+
+
+def run_python(script: str, world: int, checkpoint: Path) -> str:
+    """The library starts the processes: `python SCRIPT --devices W`."""
+    result = subprocess.run([sys.executable, script, "--devices", str(world), *EPOCHS,
+                             "--checkpoint", str(checkpoint)], cwd=ROOT, capture_output=True,
+                            text=True, timeout=240, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    return result.stdout
+
+
+def run_torchrun(script: str, world: int, checkpoint: Path) -> str:
+    result = launch(script, [*EPOCHS, "--checkpoint", str(checkpoint)], nproc=world,
+                    timeout=240, cwd=str(ROOT), capture=True, echo=False, backend="gloo")
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    return result.stdout
+
+
+@pytest.fixture(scope="module")
+def ddp(tmp_path_factory):
+    """Lesson 3's own runs, once per world size."""
+    folder = tmp_path_factory.mktemp("ddp")
+    runs = {}
+    for world in (2, 3):
+        run_torchrun("scripts/lesson3_ddp.py", world, folder / f"w{world}.pt")
+        runs[world] = weights(folder / f"w{world}.pt")
+    return runs
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("started_by", ["python", "torchrun"])
+@pytest.mark.parametrize("script", ["scripts/lesson9_fabric.py", "scripts/lesson9_lightning.py"])
+def test_the_library_trains_to_lesson_3_s_weights_bit_for_bit(ddp, tmp_path, script,
+                                                               started_by, world):
+    checkpoint = tmp_path / "final.pt"
+    out = (run_python if started_by == "python" else run_torchrun)(script, world, checkpoint)
+    assert f"{world} process(es) on cpu with gloo" in out
+    reference, trained = ddp[world], weights(checkpoint)
+    assert list(trained) == list(reference)  # the same model, its 92 tensors in order
+    differing = [name for name in reference if not torch.equal(reference[name], trained[name])]
+    assert differing == [], f"{len(differing)} tensors differ, e.g. {differing[:3]}"
