@@ -118,10 +118,11 @@ $(VENV)/.lesson9-installed: requirements-lesson9.txt $(VENV)/.installed
 		| { grep -v 'is ignored' || true; }
 	@touch $@
 
-setup-lesson9: setup $(VENV)/.lesson9-installed ## add lesson 9's libraries (Lightning) to .venv
+setup-lesson9: setup $(VENV)/.lesson9-installed ## add lesson 9's libraries (Lightning, Dask) to .venv
 	@:
 
-# Outside `make test` and its 5 minutes (2.5 minutes on 2 cores): each run imports Lightning.
+# Outside `make test` and its 5 minutes (about 4 minutes on 2 cores): each run imports Lightning
+# or starts a Dask cluster.
 test-lesson9: setup-lesson9 ## lesson 9's libraries train to lesson 3's DDP weights, bit for bit
 	$(VPY) -m pytest -q -n 2 tests/lesson9
 

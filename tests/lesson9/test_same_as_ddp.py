@@ -1,7 +1,8 @@
 """Lesson 9's libraries train lesson 3's model to the very weights lesson 3's DDP does.
 
 Lightning's Fabric and its Trainer, each started two ways (plain `python`, where the library
-starts the other processes, and torchrun, where it finds them), at W = 2 and W = 3, against
+starts the other processes, and torchrun, where it finds them), and lesson 3's own step run
+on a Dask cluster's worker processes, at W = 2 and W = 3, against
 `torchrun scripts/lesson3_ddp.py` with the same seed, data order and global batch: every
 tensor of the final state dict equal, bit for bit.
 
@@ -10,6 +11,7 @@ runs these; without the packages they skip, saying why. On the CPU with gloo, as
 """
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -70,3 +72,30 @@ def test_the_library_trains_to_lesson_3_s_weights_bit_for_bit(ddp, tmp_path, scr
     assert list(trained) == list(reference)  # the same model, its 92 tensors in order
     differing = [name for name in reference if not torch.equal(reference[name], trained[name])]
     assert differing == [], f"{len(differing)} tensors differ, e.g. {differing[:3]}"
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("world", [2, 3])
+def test_lesson_3_on_dask_workers_trains_to_lesson_3_s_weights(ddp, tmp_path, world):
+    pytest.importorskip("distributed", reason="lesson 9's packages are not installed")
+    checkpoint = tmp_path / "final.pt"
+    result = subprocess.run([sys.executable, "scripts/lesson9_dask.py", "--workers", str(world),
+                             "--timeout", "240", "--", *EPOCHS, "--checkpoint", str(checkpoint)],
+                            cwd=ROOT, capture_output=True, text=True, timeout=280)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    pids = re.search(r"^Dask: the ranks ran in worker processes \[([\d, ]+)\]; this process, "
+                     r"the client, is (\d+);", result.stdout, re.M)
+    ranks, client = pids.group(1).split(", "), pids.group(2)
+    assert len(set(ranks)) == world and client not in ranks  # W processes, none the root
+    trained = weights(checkpoint)
+    assert all(torch.equal(ddp[world][name], trained[name]) for name in ddp[world])
+
+
+@pytest.mark.timeout(120)
+def test_a_rank_that_stops_on_dask_ends_the_run_with_one_line():
+    pytest.importorskip("distributed", reason="lesson 9's packages are not installed")
+    result = subprocess.run([sys.executable, "scripts/lesson9_dask.py", "--workers", "3",
+                             "--timeout", "60", "--", "--epochs", "-1"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=110)
+    assert result.returncode == 1
+    assert result.stderr.splitlines()[-1] == "error: rank 0: lesson3_ddp.py stopped: 2"
