@@ -118,7 +118,7 @@ $(VENV)/.lesson9-installed: requirements-lesson9.txt $(VENV)/.installed
 		| { grep -v 'is ignored' || true; }
 	@touch $@
 
-setup-lesson9: setup $(VENV)/.lesson9-installed ## add lesson 9's libraries (Lightning, Dask) to .venv
+setup-lesson9: setup $(VENV)/.lesson9-installed ## add lesson 9's libraries (Lightning, Accelerate, Dask) to .venv
 	@:
 
 # Outside `make test` and its 5 minutes (about 4 minutes on 2 cores): each run imports Lightning

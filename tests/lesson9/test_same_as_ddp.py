@@ -2,7 +2,7 @@
 
 Lightning's Fabric and its Trainer, each started two ways (plain `python`, where the library
 starts the other processes, and torchrun, where it finds them), and lesson 3's own step run
-on a Dask cluster's worker processes, at W = 2 and W = 3, against
+on a Dask cluster's worker processes, and Accelerate under torchrun, at W = 2 and W = 3, against
 `torchrun scripts/lesson3_ddp.py` with the same seed, data order and global batch: every
 tensor of the final state dict equal, bit for bit.
 
@@ -41,8 +41,8 @@ def run_python(script: str, world: int, checkpoint: Path) -> str:
     return result.stdout
 
 
-def run_torchrun(script: str, world: int, checkpoint: Path) -> str:
-    result = launch(script, [*EPOCHS, "--checkpoint", str(checkpoint)], nproc=world,
+def run_torchrun(script: str, world: int, checkpoint: Path, more: tuple = ()) -> str:
+    result = launch(script, [*EPOCHS, "--checkpoint", str(checkpoint), *more], nproc=world,
                     timeout=240, cwd=str(ROOT), capture=True, echo=False, backend="gloo")
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     return result.stdout
@@ -72,6 +72,42 @@ def test_the_library_trains_to_lesson_3_s_weights_bit_for_bit(ddp, tmp_path, scr
     assert list(trained) == list(reference)  # the same model, its 92 tensors in order
     differing = [name for name in reference if not torch.equal(reference[name], trained[name])]
     assert differing == [], f"{len(differing)} tensors differ, e.g. {differing[:3]}"
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("world", [2, 3])
+def test_accelerate_under_torchrun_trains_to_lesson_3_s_weights(ddp, tmp_path, world):
+    pytest.importorskip("accelerate", reason="lesson 9's packages are not installed")
+    run_torchrun("scripts/lesson9_accelerate.py", world, tmp_path / "final.pt")
+    trained = weights(tmp_path / "final.pt")
+    assert all(torch.equal(ddp[world][name], trained[name]) for name in ddp[world])
+
+
+@pytest.mark.timeout(300)
+def test_accelerate_s_own_loader_is_another_order_of_the_data(ddp, tmp_path):
+    # Whole batches per rank from its own shuffle: the same training, another run.
+    pytest.importorskip("accelerate", reason="lesson 9's packages are not installed")
+    run_torchrun("scripts/lesson9_accelerate.py", 2, tmp_path / "final.pt",
+                 ["--accelerate-loader"])
+    trained = weights(tmp_path / "final.pt")
+    differing = [name for name in ddp[2] if not torch.equal(ddp[2][name], trained[name])]
+    assert len(differing) > len(ddp[2]) / 2
+
+
+@pytest.mark.timeout(120)
+def test_accelerate_without_gpus_refuses_to_train_each_process_alone(tmp_path):
+    # Accelerator() without cpu=True on a machine without GPUs: every process alone. The
+    # script passes cpu=True; a copy without it must stop with one line, not train.
+    pytest.importorskip("accelerate", reason="lesson 9's packages are not installed")
+    text = (ROOT / "scripts" / "lesson9_accelerate.py").read_text()
+    assert "Accelerator(cpu=not torch.cuda.is_available()," in text
+    broken = tmp_path / "lesson9_accelerate.py"
+    broken.write_text(text.replace("Accelerator(cpu=not torch.cuda.is_available(),",
+                                   "Accelerator("))
+    result = launch(str(broken), ["--epochs", "1"], nproc=2, timeout=100, cwd=str(ROOT),
+                    capture=True, echo=False, backend="gloo")
+    assert result.returncode != 0
+    assert "error: Accelerate sees 1 process(es) of 2" in result.stdout + result.stderr
 
 
 @pytest.mark.timeout(300)
