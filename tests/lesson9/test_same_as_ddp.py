@@ -2,7 +2,8 @@
 
 Lightning's Fabric and its Trainer, each started two ways (plain `python`, where the library
 starts the other processes, and torchrun, where it finds them), and lesson 3's own step run
-on a Dask cluster's worker processes, and Accelerate under torchrun, at W = 2 and W = 3, against
+on a Dask cluster's worker processes, and Accelerate under torchrun, at W = 2 and W = 3, and
+DeepSpeed's ZeRO stages 0-2 at W = 2 (at W = 3 its average is taken in another order), against
 `torchrun scripts/lesson3_ddp.py` with the same seed, data order and global batch: every
 tensor of the final state dict equal, bit for bit.
 
@@ -108,6 +109,28 @@ def test_accelerate_without_gpus_refuses_to_train_each_process_alone(tmp_path):
                     capture=True, echo=False, backend="gloo")
     assert result.returncode != 0
     assert "error: Accelerate sees 1 process(es) of 2" in result.stdout + result.stderr
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("stage", [0, 1, 2])
+def test_deepspeed_s_zero_stages_train_to_lesson_3_s_weights_at_w2(ddp, tmp_path, stage):
+    pytest.importorskip("deepspeed", reason="lesson 9's packages are not installed")
+    run_torchrun("scripts/lesson9_deepspeed.py", 2, tmp_path / "final.pt",
+                 ["--zero-stage", str(stage)])
+    trained = weights(tmp_path / "final.pt")
+    assert all(torch.equal(ddp[2][name], trained[name]) for name in ddp[2])
+
+
+@pytest.mark.timeout(300)
+def test_deepspeed_at_w3_averages_in_another_order_close_but_not_the_same_bits(ddp, tmp_path):
+    # Sum, then times 1/3 (the engine) against divide by 3, then sum (DDP): the last bit,
+    # grown by two epochs of training into a visible but small difference.
+    pytest.importorskip("deepspeed", reason="lesson 9's packages are not installed")
+    run_torchrun("scripts/lesson9_deepspeed.py", 3, tmp_path / "final.pt")
+    trained, reference = weights(tmp_path / "final.pt"), ddp[3]
+    parameters = [name for name in reference if reference[name].is_floating_point()]
+    gap = max((reference[n] - trained[n]).abs().max().item() for n in parameters)
+    assert 0 < gap < 0.1, gap
 
 
 @pytest.mark.timeout(300)
