@@ -45,13 +45,6 @@ def group_of_its_own(store, name: str, timeout: timedelta):
             dist.destroy_process_group()
         except Exception:  # a group the check broke
             pass
-        # What the check left in reference cycles (a raised error's frames holding its
-        # sub-groups, a DDP reducer) is freed now, on every rank before it joins the next
-        # check's group, not by the collector at some later moment: a late-freed sub-group
-        # closed its connections while the next check's groups connected (seen once in a
-        # few full runs: "connectFullMesh failed ... Connection closed by peer" in the check
-        # after one whose code raised).
-        gc.collect()
 
 
 def one_line(error: BaseException) -> str:
@@ -142,6 +135,7 @@ def observe(store, tag: str, lesson: int, checks: dict, timeout: timedelta) -> d
     ex, import_error = exercises_or_error(lesson)
     observed = {}
     for check, fn in checks.items():
+        raised = False
         with group_of_its_own(store, f"lesson{lesson}/{tag}/{check}", timeout):
             try:
                 if import_error:
@@ -149,7 +143,15 @@ def observe(store, tag: str, lesson: int, checks: dict, timeout: timedelta) -> d
                 mine = {"data": as_data(fn(ex))}
             except BaseException as error:  # the graded code raised: the next check runs
                 mine = {"error": f"rank {RANK}: {one_line(error)}"}
+                raised = True
             observed[check] = everyones_observation(store, f"lesson{lesson}/{tag}/{check}", mine)
+        if raised:
+            # The error's frames held the check's sub-groups (and a DDP reducer) in a cycle:
+            # freed now, before this rank joins the next check's group, not by the collector
+            # at some later moment, when their connections closing met the next check's
+            # groups connecting (seen once in a few full runs: "connectFullMesh failed ...
+            # Connection closed by peer" in the check after one whose code raised).
+            gc.collect()
     return observed
 
 

@@ -1,0 +1,120 @@
+"""Lesson 9 experiment: every library's run against lesson 3's DDP, tensor by tensor.
+
+    python scripts/experiments/lesson9_same_weights.py --world-sizes 2,3
+
+For each world size W, lesson 3's step (scripts/lesson3_ddp.py under torchrun) trains first;
+then each library's script trains the same model from the same seed on the same data order
+with the same global batch, started the ways it can be: by plain `python` (the library
+starts the other processes), by torchrun, or by a Dask cluster. Each row compares the final
+state dict with lesson 3's: how many of its tensors differ, and by how much at most. 0 is
+bit for bit; the reasons for anything else are in the scripts' docstrings (DeepSpeed at W = 3
+averages in another order; Accelerate's own loader is another order of the data).
+"""
+
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from ddpcourse.cli import ArgumentParser
+from ddpcourse.cluster.launch import launch
+from ddpcourse.report import format_table, summary_line
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# (library, script, how it is started, extra arguments): started "python" passes --devices W
+# (the library starts W processes), "torchrun" is the course's launcher, "dask" --workers W.
+RUNS = [
+    ("Fabric", "scripts/lesson9_fabric.py", "python", []),
+    ("Fabric", "scripts/lesson9_fabric.py", "torchrun", []),
+    ("Trainer", "scripts/lesson9_lightning.py", "python", []),
+    ("Trainer", "scripts/lesson9_lightning.py", "torchrun", []),
+    ("Accelerate", "scripts/lesson9_accelerate.py", "torchrun", []),
+    ("Accelerate, its own loader", "scripts/lesson9_accelerate.py", "torchrun",
+     ["--accelerate-loader"]),
+    ("DeepSpeed ZeRO-0", "scripts/lesson9_deepspeed.py", "torchrun", ["--zero-stage", "0"]),
+    ("DeepSpeed ZeRO-1", "scripts/lesson9_deepspeed.py", "torchrun", ["--zero-stage", "1"]),
+    ("DeepSpeed ZeRO-2", "scripts/lesson9_deepspeed.py", "torchrun", ["--zero-stage", "2"]),
+    ("Dask workers", "scripts/lesson9_dask.py", "dask", []),
+]
+
+
+def parse_args():
+    parser = ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--world-sizes", default="2,3", help="comma-separated W")
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--only", default="", help="comma-separated words: runs whose library "
+                                                   "names one of them (Fabric,DeepSpeed,...)")
+    parser.add_argument("--timeout", type=float, default=240, help="seconds per run")
+    args = parser.parse_args()
+    try:
+        args.world_sizes = [int(w) for w in args.world_sizes.split(",")]
+    except ValueError:
+        parser.error("--world-sizes takes numbers, comma-separated")
+    if not all(1 <= w <= 8 for w in args.world_sizes) or args.epochs < 1:
+        parser.error("world sizes must be 1 to 8, and --epochs at least 1")
+    words = [w.strip().lower() for w in args.only.split(",") if w.strip()]
+    args.runs = [r for r in RUNS if not words or any(w in r[0].lower() for w in words)]
+    if not args.runs:
+        parser.error(f"--only {args.only!r} names no library")
+    return args
+
+
+def train(script, started_by, world, extra, checkpoint, args) -> float:
+    """One run to `checkpoint`; its wall time. Exits with one line if it fails."""
+    step = ["--epochs", str(args.epochs), "--checkpoint", str(checkpoint), *extra]
+    tick = time.perf_counter()
+    if started_by == "torchrun":
+        result = launch(script, step, nproc=world, timeout=args.timeout, cwd=str(ROOT),
+                        capture=True, echo=False, backend="gloo")
+    else:
+        command = ([sys.executable, script, "--devices", str(world), *step]
+                   if started_by == "python" else
+                   [sys.executable, script, "--workers", str(world), "--", *step])
+        result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True,
+                                timeout=args.timeout)
+    if result.returncode != 0:
+        sys.stderr.write(result.stdout[-1500:] + result.stderr[-2500:])
+        sys.exit(f"error: {script} ({started_by}, W = {world}) failed; its output is above")
+    return time.perf_counter() - tick
+
+
+def compare(reference: dict, trained: dict) -> tuple[int, float]:
+    """(tensors that differ, the largest |difference| in them)."""
+    differing = [n for n in reference if not torch.equal(reference[n], trained[n])]
+    gap = max(((reference[n].double() - trained[n].double()).abs().max().item()
+               for n in differing), default=0.0)
+    return len(differing), gap
+
+
+def main():
+    args = parse_args()
+    rows, identical = [], 0
+    with tempfile.TemporaryDirectory() as folder:
+        for world in args.world_sizes:
+            ddp = Path(folder, f"ddp_w{world}.pt")
+            train("scripts/lesson3_ddp.py", "torchrun", world, [], ddp, args)
+            reference = torch.load(ddp, weights_only=False)["model"]
+            for library, script, started_by, extra in args.runs:
+                checkpoint = Path(folder, "run.pt")
+                seconds = train(script, started_by, world, extra, checkpoint, args)
+                trained = torch.load(checkpoint, weights_only=False)["model"]
+                count, gap = compare(reference, trained)
+                identical += count == 0
+                rows.append({"library": library, "started by": started_by, "W": world,
+                             "tensors differing": f"{count} of {len(reference)}",
+                             "max |difference|": f"{gap:.3g}", "wall s": f"{seconds:.1f}"})
+                print(f"W = {world}: {library} ({started_by}): {count} tensor(s) differ",
+                      flush=True)
+    print(f"\nfinal weights against lesson 3's DDP (torchrun, the same seed, data order and "
+          f"global batch), after {args.epochs} epoch(s):")
+    print(format_table(rows))
+    print(summary_line(runs=len(rows), bit_identical=identical,
+                       world_sizes=",".join(map(str, args.world_sizes))))
+
+
+if __name__ == "__main__":
+    main()
