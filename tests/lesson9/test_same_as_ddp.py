@@ -6,7 +6,8 @@ other processes, and by torchrun), Accelerate, DeepSpeed's ZeRO stages 0-2 and l
 step on a Dask cluster's workers, with the same seed, data order and global batch. Every
 final state dict must equal lesson 3's bit for bit, except where the scripts say why not:
 DeepSpeed at W = 3 (its average taken in another order: close), and Accelerate's own loader
-(another order of the data: another run).
+(another order of the data: another run). And scripts/experiments/lesson9_launchers.py's
+table of what each launcher gives its workers is checked against what it must show.
 
 `make test-lesson9` installs lesson 9's packages (requirements-lesson9.txt) into .venv and
 runs these; without the packages they skip, saying why. On the CPU with gloo, as every test.
@@ -106,3 +107,30 @@ def test_a_rank_that_stops_on_dask_ends_the_run_with_one_line():
                             cwd=ROOT, capture_output=True, text=True, timeout=110)
     assert result.returncode == 1
     assert result.stderr.splitlines()[-1] == "error: rank 0: lesson3_ddp.py stopped: 2"
+
+
+@pytest.mark.timeout(600)
+def test_the_launchers_table_is_what_each_launcher_really_gives_its_workers():
+    result = subprocess.run([sys.executable, "scripts/experiments/lesson9_launchers.py"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=580)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    rows = {}
+    for row in table(result.stdout):
+        rows.setdefault(row["launcher"], []).append(row)
+    assert sorted(rows) == sorted(["torchrun", "Fabric, python", "Trainer, python",
+                                   "accelerate launch", "deepspeed", "Dask"])
+    assert all(len(workers) == 2 for workers in rows.values())
+    for name in ("torchrun", "accelerate launch"):  # torchrun's code: every variable
+        assert [(w["RANK"], w["LOCAL_RANK"], w["GROUP_RANK"]) for w in rows[name]] == [
+            ("0", "0", "0"), ("1", "1", "0")], name
+    for name in ("Fabric, python", "Trainer, python"):
+        # Lightning runs the script again: no RANK; NODE_RANK and LOCAL_RANK give it. The
+        # process started by python is rank 0 and started rank 1.
+        assert [(w["RANK"], w["LOCAL_RANK"], w["NODE_RANK"], w["started by"])
+                for w in rows[name]] == [("-", "0", "0", "is the launcher"),
+                                         ("-", "1", "0", "the launcher")], name
+    # DeepSpeed's launcher adds --local_rank and sets CUDA_VISIBLE_DEVICES, even on a CPU.
+    assert [(w["added args"], w["CUDA_VISIBLE_DEVICES"]) for w in rows["deepspeed"]] == [
+        ("--local_rank=0", "0,1"), ("--local_rank=1", "0,1")]
+    # Dask gives its workers none of them: the task sets what it needs (lesson9_dask.py).
+    assert all(w["RANK"] == w["WORLD_SIZE"] == w["MASTER_ADDR"] == "-" for w in rows["Dask"])
