@@ -5,9 +5,11 @@
 Accelerate does what lesson 3 wrote by hand, apart from starting the processes:
 Accelerator() calls init_process_group, prepare() moves the model to the device and wraps it
 in DDP, and backward() calls the loss's. Without GPUs it is distributed only when told
-cpu=True; left out, each of torchrun's W processes trains alone, silently (the script
-checks). Its own data loading (--accelerate-loader) shuffles with its own generator and hands
-each rank whole batches in turn: another order of the data, so another run. Left out, the
+cpu=True (or ACCELERATE_USE_CPU=1); left out, it still joins torch's group of W but counts one
+process and prepare() wraps nothing in DDP: each of torchrun's W processes trains alone,
+silently (the script checks). Its own data loading (--accelerate-loader) shuffles with the
+loader's generator, rank 0's state handed to every rank, and hands each rank whole batches in
+turn: another order of the data, so another run. Left out, the
 script keeps lesson 3's DistributedSampler, and its bits:
     diff scripts/lesson3_ddp.py scripts/lesson9_accelerate.py
 """
@@ -114,8 +116,9 @@ def main():
     lr = args.lr if args.lr is not None else BASE_LR * args.batch_size / BASE_BATCH
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, weight_decay=5e-4)
     # Moves the model to the device and wraps it in DDP (which copies rank 0's weights
-    # everywhere, then averages gradients during backward). With --accelerate-loader, the
-    # global batch's loader of one shuffled order, which prepare() shares out batch by batch.
+    # everywhere, then averages gradients during backward). With --accelerate-loader, a loader
+    # of per-process batches in one shuffled order, which prepare() deals out: batch i to rank
+    # i mod W.
     if args.accelerate_loader:
         train_loader = DataLoader(train_set, batch_size=batch_size, shuffle=True,
                                   generator=torch.Generator().manual_seed(args.seed))

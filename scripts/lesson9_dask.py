@@ -3,10 +3,11 @@
     python scripts/lesson9_dask.py --workers 2 -- --epochs 8
 
 Dask is the launcher here, in place of torchrun. This process (the root) makes the cluster,
-a scheduler and W worker processes (a LocalCluster; on several machines, `dask scheduler` on
-one and `dask worker ADDRESS` on every other), and is its one client. It chooses the
-rendezvous address and port itself, then hands each worker one task: set what torchrun would
-have set (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) and run
+a scheduler and W worker processes (a LocalCluster, one machine: the task sets MASTER_ADDR
+127.0.0.1 and LOCAL_RANK = RANK; on several machines, `dask scheduler` on one and `dask worker
+ADDRESS` on every other, the task would have to set those per host), and is its one client.
+It chooses the rendezvous address and port itself, then hands each worker one task: set what
+torchrun would have set (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) and run
 scripts/lesson3_ddp.py, unchanged, in that worker. Only the root makes a cluster; a second
 process that did so would make a second cluster, with workers of its own.
 """

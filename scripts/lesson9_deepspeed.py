@@ -7,9 +7,11 @@ does what DDP did (the gradients' all-reduce) and, from stage 1, what lesson 8's
 (each rank steps a shard). Two of its defaults would change lesson 3's training, and the
 config below undoes them: gradients clipped to norm 1.0, and a refusal of optimizers it
 has not tested. Its C++ operator for the CPU is built when `make setup-lesson9` installs it.
-At W = 2 it trains to lesson 3's very bits; at W = 3 not quite: DDP divides each gradient by
-W and then sums, the engine sums and then multiplies by 1/W (deepspeed/runtime/engine.py,
-allreduce_bucket), and x / 3 and x * (1/3) differ in the last bit, a difference that the
+At W = 2 it trains to lesson 3's very bits; at W = 3 not quite: DDP multiplies each gradient
+by 1/W as it copies it into its bucket and then sums (reducer.cpp, mul_out); at stage 0 the
+engine sums and then multiplies by 1/W (deepspeed/runtime/engine.py, allreduce_bucket), at
+stages 1-2 it divides by W and then sums (zero/stage_1_and_2.py, average_tensor). Scaling by
+1/2 is exact, by 1/3 is not, so the roundings differ in the last bit, a difference that the
 steps after it then grow:
     diff scripts/lesson3_ddp.py scripts/lesson9_deepspeed.py
 """
@@ -117,7 +119,7 @@ def main():
     config = {"train_micro_batch_size_per_gpu": batch_size, "gradient_accumulation_steps": 1,
               "zero_optimization": {"stage": args.zero_stage},
               "gradient_clipping": 0.0,  # its default, 1.0, clips where lesson 3 does not
-              "zero_allow_untested_optimizer": True,  # torch's SGD, refused without this
+              "zero_allow_untested_optimizer": True,  # torch's SGD, refused from stage 1 without
               "steps_per_print": 10**9}
     model, optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer,
                                                   config=config)

@@ -4,8 +4,9 @@
     torchrun --nproc-per-node=2 scripts/lesson9_fabric.py   # or torchrun does, and Fabric sees it
 
 Fabric does what lesson 3 wrote by hand: it starts the processes (or finds torchrun's),
-calls init_process_group, wraps the model in DDP, and puts a DistributedSampler into the
-loader; the loop, the loss and the optimizer stay the script's own:
+calls init_process_group, wraps the model in DDP, puts a DistributedSampler into a loader
+that has none, and calls its set_epoch as each epoch iterates the loader; the loop, the loss
+and the optimizer stay the script's own:
     diff scripts/lesson3_ddp.py scripts/lesson9_fabric.py
 """
 
@@ -57,8 +58,9 @@ def parse_args():
     parser.add_argument("--timeout", type=float, default=120,
                         help="seconds a collective may wait for the other processes")
     args = parser.parse_args()
-    if args.epochs < 0 or args.batch_size is not None and args.batch_size < 1:
-        parser.error("--epochs must be >= 0 and --batch-size >= 1")
+    if args.epochs < 0 or args.batch_size is not None and args.batch_size < 1 \
+            or args.devices < 1:
+        parser.error("--epochs must be >= 0, --batch-size and --devices >= 1")
     return args
 
 
@@ -78,29 +80,31 @@ def main():
     args = parse_args()
     started = time.perf_counter()
 
-    # Under torchrun Fabric takes its processes; else launch() starts --devices of them, each
+    # Under torchrun Fabric takes its processes; else launch() starts --devices - 1 more, each
     # running this script again from the top (LOCAL_RANK set), as torchrun would.
     launched = "LOCAL_WORLD_SIZE" in os.environ
     devices = int(os.environ["LOCAL_WORLD_SIZE"]) if launched else args.devices
     nodes = int(os.environ["WORLD_SIZE"]) // devices if launched else 1
     fabric = Fabric(accelerator="auto", devices=devices, num_nodes=nodes, strategy=DDPStrategy(
         timeout=timedelta(seconds=args.timeout)))
+    # The global batch stays what it was on one device; each process takes an equal share.
+    # Left out, it is 256 rounded down to split (255 = 3 x 85); given, it must split exactly.
+    # Checked before launch() starts the other processes, which nothing would stop after.
+    try:  # args.batch_size becomes the global batch this run really trains with
+        args.batch_size, batch_size, rounded = split_batch(args.batch_size, BASE_BATCH,
+                                                           devices * nodes)
+    except ValueError as mistake:  # every rank meets it: rank 0 says so, the others wait
+        fail(str(mistake))
     fabric.launch()  # init_process_group, on cuda:LOCAL_RANK with nccl or the CPU with gloo
     rank, world_size, device = fabric.global_rank, fabric.world_size, fabric.device
     backend = dist.get_backend()
-
-    # The global batch stays what it was on one device; each process takes an equal share.
-    # Left out, it is 256 rounded down to split (255 = 3 x 85); given, it must split exactly.
-    try:  # args.batch_size becomes the global batch this run really trains with
-        args.batch_size, batch_size, rounded = split_batch(args.batch_size, BASE_BATCH, world_size)
-    except ValueError as mistake:  # every rank meets it: rank 0 says so, the others wait
-        fail(str(mistake))
 
     train_set, val_set = load_datasets(args.dataset, args.data_dir, args.image_size)
     # Each process reads its own 1/world_size of the shuffled training set (set_epoch below).
     sampler = DistributedSampler(train_set, num_replicas=world_size, rank=rank, shuffle=True,
                                  seed=args.seed)
-    # Fabric would put in a DistributedSampler itself (shuffle=True, seed 0); ours, given, stays.
+    # Fabric replaces only a sampler that is not a DistributedSampler (with its own: shuffling
+    # if that one did, seed PL_GLOBAL_SEED or 0); ours stays. Its loader calls set_epoch too.
     train_loader = DataLoader(train_set, batch_size=batch_size, sampler=sampler)
     train_loader = fabric.setup_dataloaders(train_loader, use_distributed_sampler=False)
     # Validation: every world_size-th image, no sampler padding: each one counted once.

@@ -5,9 +5,10 @@
 
 The Trainer does what lesson 3 wrote by hand: it starts the processes (running this script
 again, once per extra device, with LOCAL_RANK set) or finds torchrun's, calls
-init_process_group, wraps the model in DDP, calls sampler.set_epoch, runs the loop: zero_grad,
-training_step, backward, step. The script keeps its model, loss, optimizer and sampler; lesson
-3's loop body is training_step, and what it did when an epoch ended, on_train_epoch_end.
+init_process_group, wraps the model in DDP, calls sampler.set_epoch, runs the loop:
+training_step, zero_grad, backward, step (lesson 3's order). The script keeps its model,
+loss, optimizer and sampler; lesson 3's loop body is training_step, and what it did when an
+epoch ended, on_train_epoch_end.
 """
 
 import os
@@ -58,8 +59,9 @@ def parse_args():
     parser.add_argument("--timeout", type=float, default=120,
                         help="seconds a collective may wait for the other processes")
     args = parser.parse_args()
-    if args.epochs < 0 or args.batch_size is not None and args.batch_size < 1:
-        parser.error("--epochs must be >= 0 and --batch-size >= 1")
+    if args.epochs < 0 or args.batch_size is not None and args.batch_size < 1 \
+            or args.devices < 1:
+        parser.error("--epochs must be >= 0, --batch-size and --devices >= 1")
     return args
 
 
@@ -80,21 +82,15 @@ class Lesson3(L.LightningModule):
     it did when an epoch ended as on_train_epoch_end. The Trainer calls them, in every
     process, once the processes exist."""
 
-    def __init__(self, model, args):
+    def __init__(self, model, args, batch_size, rounded):
         super().__init__()
-        self.model, self.args = model, args
+        self.model, self.args, self.batch_size, self.rounded = model, args, batch_size, rounded
         self.train_loss = self.val_acc = float("nan")
         self.train_seconds = self.trained = 0
 
     def setup(self, stage):  # the processes are started and the group made: ranks known
         args, rank, world_size = self.args, self.global_rank, self.trainer.world_size
-        # The global batch stays what it was on one device; each process takes an equal
-        # share. Left out, it is 256 rounded down to split (255 = 3 x 85).
-        try:  # args.batch_size becomes the global batch this run really trains with
-            args.batch_size, self.batch_size, rounded = split_batch(args.batch_size,
-                                                                    BASE_BATCH, world_size)
-        except ValueError as mistake:  # every rank meets it: rank 0 says so, the others wait
-            fail(str(mistake))
+        rounded = self.rounded
         train_set, val_set = load_datasets(args.dataset, args.data_dir, args.image_size)
         # Each process reads its own 1/world_size of the shuffled training set; the Trainer
         # calls set_epoch. Ours, given: use_distributed_sampler=False keeps it.
@@ -146,7 +142,7 @@ class Lesson3(L.LightningModule):
             dist.broadcast(buffer, src=0)
         # The plain model: its forward does no collectives, so shard sizes may differ.
         counts = evaluate(self.model, self.val_loader, self.device)
-        self.model.train()  # the Trainer set train mode when the epoch began, not again
+        self.model.train()  # the Trainer never sets train mode in fit (it only warns at the start)
         dist.all_reduce(counts)  # correct and seen, summed over the ranks' shards
         val_correct, val_seen = counts.tolist()
         self.train_loss, self.val_acc = loss_sum / seen, val_correct / val_seen
@@ -161,7 +157,7 @@ def main():
     args = parse_args()
     started = time.perf_counter()
 
-    # Under torchrun the Trainer takes its processes; else fit() starts --devices of them,
+    # Under torchrun the Trainer takes its processes; else fit() starts --devices - 1 more,
     # each running this script again from the top (LOCAL_RANK set), as torchrun would.
     launched = "LOCAL_WORLD_SIZE" in os.environ
     devices = int(os.environ["LOCAL_WORLD_SIZE"]) if launched else args.devices
@@ -172,9 +168,18 @@ def main():
                         enable_checkpointing=False, enable_progress_bar=False,
                         enable_model_summary=False)
 
+    # The global batch stays what it was on one device; each process takes an equal share.
+    # Left out, it is 256 rounded down to split (255 = 3 x 85); given, it must split exactly.
+    # Checked before fit() starts the other processes, which nothing would stop after.
+    try:  # args.batch_size becomes the global batch this run really trains with
+        args.batch_size, batch_size, rounded = split_batch(args.batch_size, BASE_BATCH,
+                                                           trainer.world_size)
+    except ValueError as mistake:  # every rank meets it: rank 0 says so, the others wait
+        fail(str(mistake))
+
     torch.manual_seed(args.seed)  # the same initial weights in every run
     model = create_model(args.model, NUM_CLASSES[args.dataset], args.pretrained)
-    module = Lesson3(model, args)
+    module = Lesson3(model, args, batch_size, rounded)
     # Starts the processes, calls init_process_group (gloo on CPUs, nccl on GPUs), moves the
     # model to the device, wraps it in DDP (which copies rank 0's weights everywhere, then
     # averages gradients during backward), and runs the epochs.

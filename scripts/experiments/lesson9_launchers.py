@@ -12,6 +12,7 @@ cluster, whose workers get nothing and are handed the variables by the task.
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -101,8 +102,9 @@ def launchers() -> list[tuple[str, list[str], dict]]:
                       f"--master-port={free_port()}", *worker, "torchrun"], {}),
         ("Fabric, python", [sys.executable, *worker, "fabric"], {}),
         ("Trainer, python", [sys.executable, *worker, "trainer"], {}),
-        # Without GPUs, only this makes `accelerate launch` start 2 processes that know of
-        # each other: --multi_gpu (2 processes) and ACCELERATE_USE_CPU (a group on the CPU).
+        # Without GPUs, --multi_gpu makes `accelerate launch` start 2 processes (through
+        # torchrun; --cpu alone starts one, bar mpirun); ACCELERATE_USE_CPU=1 makes an
+        # Accelerator() in them a gloo group, as cpu=True would (this probe makes none).
         ("accelerate launch", [str(BIN / "accelerate"), "launch", "--multi_gpu",
                                "--num_processes", "2", "--num_machines", "1",
                                "--mixed_precision", "no", "--dynamo_backend", "no",
@@ -131,12 +133,15 @@ def main():
             path = Path(folder, f"{len(rows)}.jsonl")
             env = dict(os.environ, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1",
                        **{REPORT: str(path)}, **more)
+            # A session of its own, killed whole on time out: the workers it started too.
             launcher = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                                        stderr=subprocess.STDOUT, text=True)
+                                        stderr=subprocess.STDOUT, text=True,
+                                        start_new_session=True)
             try:
                 output, _ = launcher.communicate(timeout=args.timeout)
             except subprocess.TimeoutExpired:
-                launcher.kill()
+                os.killpg(launcher.pid, signal.SIGKILL)
+                launcher.communicate()
                 sys.exit(f"error: {name} did not end within {args.timeout:g} s")
             lines = path.read_text().splitlines() if path.exists() else []
             if launcher.returncode != 0 or len(lines) != 2:

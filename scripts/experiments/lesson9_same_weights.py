@@ -11,7 +11,6 @@ bit for bit; the reasons for anything else are in the scripts' docstrings (DeepS
 averages in another order; Accelerate's own loader is another order of the data).
 """
 
-import subprocess
 import sys
 import tempfile
 import time
@@ -20,7 +19,7 @@ from pathlib import Path
 import torch
 
 from ddpcourse.cli import ArgumentParser
-from ddpcourse.cluster.launch import launch
+from ddpcourse.cluster.launch import launch, run_commands
 from ddpcourse.report import format_table, summary_line
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -74,8 +73,11 @@ def train(script, started_by, world, extra, checkpoint, args) -> float:
         command = ([sys.executable, script, "--devices", str(world), *step]
                    if started_by == "python" else
                    [sys.executable, script, "--workers", str(world), "--", *step])
-        result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True,
-                                timeout=args.timeout)
+        # A session of its own, killed whole on time out: the library's other processes too.
+        result = run_commands([command], timeout=args.timeout, cwd=str(ROOT), capture=True)
+    if result.returncode == 124:
+        sys.exit(f"error: {script} ({started_by}, W = {world}) did not finish within "
+                 f"{args.timeout:g} s and was stopped")
     if result.returncode != 0:
         sys.stderr.write(result.stdout[-1500:] + result.stderr[-2500:])
         sys.exit(f"error: {script} ({started_by}, W = {world}) failed; its output is above")

@@ -134,3 +134,19 @@ def test_the_launchers_table_is_what_each_launcher_really_gives_its_workers():
         ("--local_rank=0", "0,1"), ("--local_rank=1", "0,1")]
     # Dask gives its workers none of them: the task sets what it needs (lesson9_dask.py).
     assert all(w["RANK"] == w["WORLD_SIZE"] == w["MASTER_ADDR"] == "-" for w in rows["Dask"])
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("script", ["scripts/lesson9_fabric.py", "scripts/lesson9_lightning.py"])
+def test_a_bad_batch_under_the_library_s_own_launcher_is_one_line_and_leaves_nothing(script):
+    # Checked before the library starts the other processes: nothing would stop them after.
+    result = subprocess.run([sys.executable, script, "--devices", "2", "--batch-size", "3"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=100,
+                            start_new_session=True)
+    assert result.returncode == 1
+    assert result.stderr.splitlines()[-1] == ("error: the global batch 3 does not split evenly "
+                                              "over 2 processes; use a multiple of 2")
+    assert "rank 1" not in result.stderr  # never started, so never left waiting
+    leftover = subprocess.run(["pgrep", "-f", f"{script} --devices 2 --batch-size 3"],
+                              capture_output=True, text=True).stdout.split()
+    assert leftover == []
