@@ -2,11 +2,11 @@
 
     python scripts/experiments/lesson9_same_weights.py --world-sizes 2,3
 
-For each world size W, lesson 3's step (scripts/lesson3_ddp.py under torchrun) trains first;
+For each world size W, lesson 3's step (its DDP script, under torchrun) trains first;
 then each library's script trains the same model from the same seed on the same data order
 with the same global batch, started the ways it can be: by plain `python` (the library
 starts the other processes), by torchrun, or by a Dask cluster. Each row compares the final
-state dict with lesson 3's: how many of its tensors differ, and by how much at most. 0 is
+state dict with lesson 3's: how many of its tensors are not equal, and the largest gap. 0 is
 bit for bit; the reasons for anything else are in the scripts' docstrings (DeepSpeed at W = 3
 averages in another order; Accelerate's own loader is another order of the data).
 """
@@ -24,21 +24,22 @@ from ddpcourse.report import format_table, summary_line
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# (library, script, how it is started, extra arguments): started "python" passes --devices W
-# (the library starts W processes), "torchrun" is the course's launcher, "dask" --workers W.
+# (library, step under scripts/, how it is started, extra arguments): started "python"
+# passes --devices W (the library starts W processes), "torchrun" is the course's launcher,
+# "dask" passes --workers W.
 RUNS = [
-    ("Fabric", "scripts/lesson9_fabric.py", "python", []),
-    ("Fabric", "scripts/lesson9_fabric.py", "torchrun", []),
-    ("Trainer", "scripts/lesson9_lightning.py", "python", []),
-    ("Trainer", "scripts/lesson9_lightning.py", "torchrun", []),
-    ("Accelerate", "scripts/lesson9_accelerate.py", "torchrun", []),
-    ("Accelerate, its own loader", "scripts/lesson9_accelerate.py", "torchrun",
-     ["--accelerate-loader"]),
-    ("DeepSpeed ZeRO-0", "scripts/lesson9_deepspeed.py", "torchrun", ["--zero-stage", "0"]),
-    ("DeepSpeed ZeRO-1", "scripts/lesson9_deepspeed.py", "torchrun", ["--zero-stage", "1"]),
-    ("DeepSpeed ZeRO-2", "scripts/lesson9_deepspeed.py", "torchrun", ["--zero-stage", "2"]),
-    ("Dask workers", "scripts/lesson9_dask.py", "dask", []),
+    ("Fabric", "lesson9_fabric", "python", []),
+    ("Fabric", "lesson9_fabric", "torchrun", []),
+    ("Trainer", "lesson9_lightning", "python", []),
+    ("Trainer", "lesson9_lightning", "torchrun", []),
+    ("Accelerate", "lesson9_accelerate", "torchrun", []),
+    ("Accelerate, its own loader", "lesson9_accelerate", "torchrun", ["--accelerate-loader"]),
+    ("DeepSpeed ZeRO-0", "lesson9_deepspeed", "torchrun", ["--zero-stage", "0"]),
+    ("DeepSpeed ZeRO-1", "lesson9_deepspeed", "torchrun", ["--zero-stage", "1"]),
+    ("DeepSpeed ZeRO-2", "lesson9_deepspeed", "torchrun", ["--zero-stage", "2"]),
+    ("Dask workers", "lesson9_dask", "dask", []),
 ]
+REFERENCE = "lesson3_ddp"  # lesson 3's step, which every run is held against
 
 
 def parse_args():
@@ -62,8 +63,10 @@ def parse_args():
     return args
 
 
-def train(script, started_by, world, extra, checkpoint, args) -> float:
-    """One run to `checkpoint`; its wall time. Exits with one line if it fails."""
+def train(step_name, started_by, world, extra, checkpoint, args) -> float:
+    """One run of scripts/STEP_NAME.py to `checkpoint`; its wall time. Exits with one line if
+    it fails."""
+    script = f"scripts/{step_name}.py"
     step = ["--epochs", str(args.epochs), "--checkpoint", str(checkpoint), *extra]
     tick = time.perf_counter()
     if started_by == "torchrun":
@@ -85,11 +88,11 @@ def train(script, started_by, world, extra, checkpoint, args) -> float:
 
 
 def compare(reference: dict, trained: dict) -> tuple[int, float]:
-    """(tensors that differ, the largest |difference| in them)."""
-    differing = [n for n in reference if not torch.equal(reference[n], trained[n])]
+    """(tensors that are not equal, the largest |gap| in them)."""
+    unequal = [n for n in reference if not torch.equal(reference[n], trained[n])]
     gap = max(((reference[n].double() - trained[n].double()).abs().max().item()
-               for n in differing), default=0.0)
-    return len(differing), gap
+               for n in unequal), default=0.0)
+    return len(unequal), gap
 
 
 def main():
@@ -98,7 +101,7 @@ def main():
     with tempfile.TemporaryDirectory() as folder:
         for world in args.world_sizes:
             ddp = Path(folder, f"ddp_w{world}.pt")
-            train("scripts/lesson3_ddp.py", "torchrun", world, [], ddp, args)
+            train(REFERENCE, "torchrun", world, [], ddp, args)
             reference = torch.load(ddp, weights_only=False)["model"]
             for library, script, started_by, extra in args.runs:
                 checkpoint = Path(folder, "run.pt")
@@ -107,9 +110,9 @@ def main():
                 count, gap = compare(reference, trained)
                 identical += count == 0
                 rows.append({"library": library, "started by": started_by, "W": world,
-                             "tensors differing": f"{count} of {len(reference)}",
-                             "max |difference|": f"{gap:.3g}", "wall s": f"{seconds:.1f}"})
-                print(f"W = {world}: {library} ({started_by}): {count} tensor(s) differ",
+                             "tensors not equal": f"{count} of {len(reference)}",
+                             "max |gap|": f"{gap:.3g}", "wall s": f"{seconds:.1f}"})
+                print(f"W = {world}: {library} ({started_by}): {count} tensor(s) not equal",
                       flush=True)
     print(f"\nfinal weights against lesson 3's DDP (torchrun, the same seed, data order and "
           f"global batch), after {args.epochs} epoch(s):")

@@ -122,3 +122,11 @@ def test_the_pages_name_only_make_targets_that_exist():
                     for target in MAKE_COMMAND.findall(markdown)
                     if target not in TARGETS | own | {"lessonN"}})
     assert not wrong, "pages name make targets that do not exist:\n" + "\n".join(wrong)
+
+
+@pytest.mark.parametrize("reading", sorted((ROOT / "lessons").glob("lesson*/README.md")),
+                         ids=lambda p: p.parent.name)
+def test_a_lesson_s_reading_is_at_most_400_lines(reading):
+    # The course's contract: a reading a student gets through in one sitting; side pages
+    # (at_scale.md, preemption.md, the appendix) take the rest.
+    assert len(reading.read_text().splitlines()) <= 400
