@@ -31,6 +31,21 @@ def summary_line(**fields) -> str:
     return SUMMARY + " ".join(parts)
 
 
+def parse_table(text: str) -> list[dict[str, str]]:
+    """The first table format_table printed in `text` (its header, the rule of dashes, the
+    rows up to the first line that is not one), as dicts of the printed cells."""
+    lines = text.splitlines()
+    rule = next(i for i, line in enumerate(lines) if re.fullmatch(r"-+(  -+)*", line))
+    headers = re.split(r"\s{2,}", lines[rule - 1].strip())
+    rows = []
+    for line in lines[rule + 1:]:
+        cells = re.split(r"\s{2,}", line.strip())
+        if len(cells) != len(headers):
+            break
+        rows.append(dict(zip(headers, cells, strict=True)))
+    return rows
+
+
 def parse_summary(text: str, *, once: bool = False) -> dict[str, str]:
     """The fields of the last `summary: key=value ...` line in a run's output, as printed
     (strings: summary_line wrote floats to 4 significant digits).

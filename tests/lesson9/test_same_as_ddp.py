@@ -22,6 +22,7 @@ import pytest
 import torch
 
 from ddpcourse.cluster.launch import launch
+from ddpcourse.report import parse_table
 
 for library in ("lightning", "accelerate", "deepspeed", "distributed"):
     pytest.importorskip(library, reason="lesson 9's packages are not installed "
@@ -31,19 +32,6 @@ ROOT = Path(__file__).resolve().parents[2]
 EPOCHS = ["--epochs", "2"]
 
 
-def table(stdout: str) -> list[dict[str, str]]:
-    """The experiment's table (a header, a rule of dashes, rows) as dicts."""
-    lines = stdout.splitlines()
-    rule = next(i for i, line in enumerate(lines) if re.fullmatch(r"-+(  -+)*", line))
-    headers = re.split(r"\s{2,}", lines[rule - 1].strip())
-    rows = []
-    for line in lines[rule + 1:]:
-        if not line.strip() or line.startswith("summary:"):
-            break
-        rows.append(dict(zip(headers, re.split(r"\s{2,}", line.strip()), strict=True)))
-    return rows
-
-
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("world", [2, 3])
 def test_every_library_trains_to_lesson_3_s_weights_or_says_why_not(world):
@@ -51,7 +39,7 @@ def test_every_library_trains_to_lesson_3_s_weights_or_says_why_not(world):
                              "--world-sizes", str(world)], cwd=ROOT, capture_output=True,
                             text=True, timeout=880)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
-    rows = table(result.stdout)
+    rows = parse_table(result.stdout)
     assert len(rows) == 10 and {r["W"] for r in rows} == {str(world)}
     for row in rows:
         differing = int(row["tensors not equal"].split(" of ")[0])
@@ -115,7 +103,7 @@ def test_the_launchers_table_is_what_each_launcher_really_gives_its_workers():
                             cwd=ROOT, capture_output=True, text=True, timeout=580)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     rows = {}
-    for row in table(result.stdout):
+    for row in parse_table(result.stdout):
         rows.setdefault(row["launcher"], []).append(row)
     assert sorted(rows) == sorted(["torchrun", "Fabric, python", "Trainer, python",
                                    "accelerate launch", "deepspeed", "Dask"])

@@ -19,21 +19,9 @@ from util import PYTHON, ROOT, run, summary
 from ddpcourse.cluster import hosts as H
 from ddpcourse.cluster.launch import AgentFailureSummary, launch, torchrun_commands
 from ddpcourse.ports import free_port
+from ddpcourse.report import parse_table
 
 HOSTS_REASON = H.unavailable_reason()
-
-
-def table(stdout: str) -> list[dict[str, str]]:
-    """The first table of the output (a header, a rule of dashes, rows) as dicts."""
-    lines = stdout.splitlines()
-    rule = next(i for i, line in enumerate(lines) if re.fullmatch(r"-+(  -+)*", line))
-    headers = re.split(r"\s{2,}", lines[rule - 1].strip())
-    rows = []
-    for line in lines[rule + 1:]:
-        if not line[:1].isdigit():
-            break
-        rows.append(dict(zip(headers, re.split(r"\s{2,}", line.strip()), strict=True)))
-    return rows
 
 
 def shared(stdout: str) -> dict[str, str]:
@@ -123,7 +111,7 @@ def test_static_launch_every_variable_once_in_rank_order(static_job):
     port = re.search(r"--master-port=(\d+)", " ".join(static_job.args[0])).group(1)
     assert "launch: static rendezvous: each agent was told its node rank (--node-rank)" in out
     assert f"store: node 0's agent hosts it at 127.0.0.1:{port}" in out
-    rows = table(out)
+    rows = parse_table(out)
     assert [(r["rank"], r["RANK"], r["LOCAL_RANK"], r["GROUP_RANK"], r["ROLE_RANK"])
             for r in rows] == [("0", "0", "0", "0", "0"), ("1", "1", "1", "0", "1"),
                                ("2", "2", "0", "1", "2"), ("3", "3", "1", "1", "3")]
@@ -164,7 +152,7 @@ def test_c10d_rendezvous_numbers_the_nodes_and_opens_a_new_store(c10d_job):
     assert variables["TORCHELASTIC_RUN_ID"] == f"job{port}"
     assert variables["MASTER_PORT"] != port  # not the endpoint: a store node 0 opened
     assert f"not at the rendezvous endpoint {endpoint}" in out
-    rows = table(out)
+    rows = parse_table(out)
     assert [(r["RANK"], r["GROUP_RANK"]) for r in rows] == [("0", "0"), ("1", "1")]
     # who is node 0? On one host, the agent with the lower pid: the rendezvous sorts them
     assert int(rows[0]["agent pid"]) < int(rows[1]["agent pid"])

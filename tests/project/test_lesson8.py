@@ -17,6 +17,7 @@ import pytest
 from util import PYTHON, ROOT, run, summary
 
 from ddpcourse.cluster.launch import launch
+from ddpcourse.report import parse_table
 from ddpcourse.sharding import (
     fingerprint,
     fsdp_rows,
@@ -29,20 +30,6 @@ from ddpcourse.sharding import (
 
 MARGIN = 0.001  # lesson8_memory.py's stated margin: 0.1 % of a rank's total
 MICRO, STAGES, WIDTH = 4, 2, 768  # the pipeline job's micro-batches, stages and block width
-
-
-def table(stdout: str) -> list[dict[str, str]]:
-    """The first table of the output (a header, a rule of dashes, rows) as dicts."""
-    lines = stdout.splitlines()
-    rule = next(i for i, line in enumerate(lines) if re.fullmatch(r"-+(  -+)*", line))
-    headers = re.split(r"\s{2,}", lines[rule - 1].strip())
-    rows = []
-    for line in lines[rule + 1:]:
-        cells = re.split(r"\s{2,}", line.strip())
-        if len(cells) != len(headers):
-            break
-        rows.append(dict(zip(headers, cells, strict=True)))
-    return rows
 
 
 # --- the calculator (no processes) ----------------------------------------------------------
@@ -79,7 +66,7 @@ def test_the_calculator_prints_the_table_and_refuses_a_bad_world_size():
     result = run([PYTHON, "-m", "ddpcourse.sharding", "--model", "7b", "--world-size", "8"],
                  timeout=60)
     assert result.returncode == 0, result.stderr
-    rows = {row["strategy"]: row for row in table(result.stdout)}
+    rows = {row["strategy"]: row for row in parse_table(result.stdout)}
     assert rows["ddp"]["total GB"] == "134.77" and rows["fsdp"]["total GB"] == "13.48"
     bad = run([PYTHON, "-m", "ddpcourse.sharding", "--world-size", "0"], timeout=60)
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
@@ -124,7 +111,7 @@ def test_the_calculator_reproduces_the_zero_papers_figure_1(args):
     calculator's own arithmetic beside the paper's printed figures."""
     result = run([PYTHON, "-m", "ddpcourse.sharding", *args], timeout=60)
     assert result.returncode == 0, result.stderr
-    rows = {row["stage"]: row for row in table(result.stdout)}
+    rows = {row["stage"]: row for row in parse_table(result.stdout)}
     expected = zero_paper_totals(7_500_000_000, 64)
     assert [gb_text(expected[s]) for s in rows] == ["120.0", "31.4", "16.6", "1.9"]
     for stage, row in rows.items():
@@ -139,14 +126,14 @@ def test_another_case_gets_no_paper_column_and_its_own_arithmetic():
     result = run([PYTHON, "-m", "ddpcourse.sharding", "--params", "7.5b", "--world-size", "48",
                   "--precision", "mixed"], timeout=60)
     assert result.returncode == 0, result.stderr
-    rows = {row["stage"]: row for row in table(result.stdout)}
+    rows = {row["stage"]: row for row in parse_table(result.stdout)}
     expected = zero_paper_totals(7_500_000_000, 48)
     assert "paper GB" not in result.stdout
     assert {s: r["total GB"] for s, r in rows.items()} == {s: gb_text(b)
                                                            for s, b in expected.items()}
     fp32 = run([PYTHON, "-m", "ddpcourse.sharding", "--params", "350m", "--world-size", "1024",
                 "--optimizer", "sgd_momentum"], timeout=60)
-    rows = {row["stage"]: row for row in table(fp32.stdout)}
+    rows = {row["stage"]: row for row in parse_table(fp32.stdout)}
     shard = -(-350_000_000 // 1024)  # 4 + 4 + 4 bytes: weights, gradients, the momentum
     assert rows["ZeRO-1"]["total GB"] == gb_text(8 * 350_000_000 + 4 * shard)
     assert rows["ZeRO-3"]["total GB"] == gb_text(12 * shard)
@@ -195,7 +182,7 @@ def test_every_ranks_measured_bytes_agree_with_the_prediction(world, memory_job)
     out = memory_job(world)
     numel = int(re.search(r"^test_resnet: ([\d,]+) parameters", out, re.M).group(1)
                 .replace(",", ""))
-    rows = table(out)
+    rows = parse_table(out)
     assert len(rows) == 3 * world, out
     held = {}
     for row in rows:
@@ -335,7 +322,7 @@ def test_the_pipeline_trains_as_the_unsplit_model(pipeline):
     for unsplit, gpipe, one_f_one_b in steps:
         assert abs(float(gpipe) - float(unsplit)) <= 1e-5 * float(unsplit)
         assert abs(float(one_f_one_b) - float(unsplit)) <= 1e-5 * float(unsplit)
-    for row in table(pipeline):
+    for row in parse_table(pipeline):
         assert float(row["weight diff"]) <= 1e-6, row
     assert summary(pipeline)["same_as_unsplit"] == "True"
 
@@ -343,7 +330,7 @@ def test_the_pipeline_trains_as_the_unsplit_model(pipeline):
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_the_bubble_is_near_its_formula_and_the_schedules_differ_in_memory(pipeline):
-    rows = {row["schedule"]: row for row in table(pipeline)}
+    rows = {row["schedule"]: row for row in parse_table(pipeline)}
     expected = (STAGES - 1) / (MICRO + STAGES - 1)
     for name, row in rows.items():
         assert float(row["(S-1)/(M+S-1)"]) == pytest.approx(expected, abs=1e-3)
@@ -415,7 +402,7 @@ def test_rank_0_of_1024_holds_its_predicted_shard_of_a_7b_shaped_model():
     # 16 bytes per parameter over 1,024 ranks, a little more for the padding of each piece
     assert 16 * 0.46 / 1024 <= predicted < 16 * 0.47 / 1024 * 1.05
     assert abs(measured - predicted) < 1e-4
-    rows = {row["part"]: row for row in table(result.stdout)}
+    rows = {row["part"]: row for row in parse_table(result.stdout)}
     assert rows["params"]["held MB"] == rows["params"]["predicted MB"], rows
     # torch's FSDPMemTracker watched the same step: the same storages, so the same bytes
     assert all(row["tracker MB"] == row["held MB"] for row in rows.values()), rows
@@ -446,7 +433,7 @@ def hierarchical_ring(n_bytes: float, per_node: int, nodes: int, passes: int,
 def test_a_step_on_1024_gpus_is_compute_plus_what_the_links_cannot_hide():
     result = run([PYTHON, "scripts/experiments/lesson8_layouts.py"], timeout=60)
     assert result.returncode == 0, result.stderr
-    rows = {row["layout"]: row for row in table(result.stdout)}
+    rows = {row["layout"]: row for row in parse_table(result.stdout)}
     seconds = {name: {k: float(v.replace(",", "")) for k, v in row.items() if k.endswith(" s")
                       or k.endswith("links")} for name, row in rows.items()}
     n = sum(math.prod(shape) for shape in transformer_shapes())
@@ -496,7 +483,7 @@ def test_activations_grow_with_every_token_and_checkpointing_keeps_a_fraction():
                   "--width", "128", "--batches", "1,2,4", "--lengths", "32,64",
                   "--repeats", "1"], timeout=180)
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
-    rows = table(result.stdout)
+    rows = parse_table(result.stdout)
     per_token = {row["KB per token"] for row in rows if "KB per token" in row}
     saved = {(int(r["batch"]), int(r["tokens"])): float(r["saved MB"])
              for r in rows if "tokens" in r}

@@ -1,6 +1,6 @@
 import pytest
 
-from ddpcourse.report import format_table, parse_summary, summary_line
+from ddpcourse.report import format_table, parse_summary, parse_table, summary_line
 from ddpcourse.topology import Process, draw, layout, rank_table
 
 
@@ -50,6 +50,14 @@ def test_format_table_and_summary_line():
     table = format_table([{"a": 1, "bb": "x"}, {"a": 100, "bb": "yy"}])
     assert table.splitlines() == ["a    bb", "---  --", "1    x", "100  yy"]
     assert summary_line(world_size=4, loss=0.123456) == "summary: world_size=4 loss=0.1235"
+
+
+def test_parse_table_reads_back_the_first_table_format_table_wrote():
+    rows = [{"library": "Fabric", "started by": "python", "W": 2},
+            {"library": "Accelerate, its own loader", "started by": "torchrun", "W": 3}]
+    out = (f"rank 0: training\n\nfinal weights:\n{format_table(rows)}\nsummary: runs=2\n"
+           f"{format_table([{'other': 1}])}\n")
+    assert parse_table(out) == [{key: str(value) for key, value in row.items()} for row in rows]
 
 
 def test_parse_summary_reads_back_what_summary_line_wrote():
