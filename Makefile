@@ -55,7 +55,8 @@ setup: $(VENV)/.installed ## create .venv from requirements.txt (again only when
 
 # Every lesson's targets (lesson1, check-ddp, ...) come from its lessons/lessonN/lesson.toml:
 # one rule runs them all. The arguments are checked with the system Python before anything is
-# installed or started; then ddpcourse.course.lessons prints and runs each step.
+# installed or started; then the target's lesson installs what it needs (`setup`, or the
+# lesson.toml's own, as lesson 9's setup-lesson9) and ddpcourse.course.lessons runs each step.
 LESSON_TARGETS := $(shell $(PYTHON) -m ddpcourse.course.lessons targets)
 BENCH_TARGETS  := $(shell $(PYTHON) -m ddpcourse.course.lessons targets --bench)
 ifeq ($(strip $(LESSON_TARGETS)),)
@@ -64,7 +65,7 @@ endif
 .PHONY: $(LESSON_TARGETS)
 $(LESSON_TARGETS):
 	@$(CHECK)
-	@$(MAKE) --no-print-directory setup
+	@$(MAKE) --no-print-directory "$$($(PYTHON) -m ddpcourse.course.lessons setup-of $@)"
 	@$(VPY) -m ddpcourse.course.lessons run $@ $(OPTS) --args='$(subst ','\'',$(ARGS))'
 
 bench: $(BENCH_TARGETS) ## every lesson's benchmark

@@ -1,5 +1,6 @@
 """Lesson 9: lesson 3's DDP training with Hugging Face Accelerate: prepare() does the wrapping.
 
+    make lesson9-accelerate NPROC=2                     # prints, then runs, this command:
     torchrun --nproc-per-node=2 scripts/lesson9_accelerate.py
 
 Accelerate does what lesson 3 wrote by hand, apart from starting the processes:

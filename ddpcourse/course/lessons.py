@@ -7,6 +7,8 @@ touches only that lesson's files (CONTRIBUTING.md has the checklist).
 
     python -m ddpcourse.course.lessons targets [--bench]   the make targets, for the Makefile
     python -m ddpcourse.course.lessons help                one line per target, for `make help`
+    python -m ddpcourse.course.lessons setup-of TARGET     the make target that installs what
+                                                           TARGET needs (setup, setup-lesson9)
     python -m ddpcourse.course.lessons run TARGET --nproc 2 --nnodes 1 --port '' --timeout 600
                                            --backend '' --args '--epochs 1'
     python -m ddpcourse.course.lessons figures [--lesson N] [--out DIR]   `make figures`
@@ -51,6 +53,7 @@ class Target:
     bench: bool = False  # part of `make bench`
     args: bool = True    # ARGS reaches every step
     min_world: int = 1   # fewer processes (NPROC x NNODES) cannot show what it is about
+    setup: str = "setup"  # the make target that installs what it needs (its lesson's `setup`)
 
 
 @dataclass
@@ -94,7 +97,10 @@ def load_lesson(folder: Path) -> Lesson:
         steps = [parse_step(s, f"{path} [targets.{name}]") for s in spec.get("steps", [])]
         lesson.targets[name] = Target(name, spec.get("help", ""), steps,
                                       bench=spec.get("bench", False), args=spec.get("args", True),
-                                      min_world=spec.get("min_world", 1))
+                                      min_world=spec.get("min_world", 1),
+                                      setup=data.get("setup", "setup"))
+        if not re.fullmatch(r"setup(-[a-z0-9]+)?", lesson.targets[name].setup):
+            raise RegistrationError(f"{path}: setup must name a make target setup[-NAME]")
     for marker in lesson.exercises:
         m = MARKER.match(marker)
         if not m or int(m.group(1)) != number:
@@ -224,6 +230,8 @@ def main(argv: list[str] | None = None) -> int:
     targets = sub.add_parser("targets", help="the target names, for the Makefile")
     targets.add_argument("--bench", action="store_true", help="only the benchmarks")
     sub.add_parser("help", help="one line per target")
+    sub.add_parser("setup-of", help="the make target that installs what a target needs"
+                   ).add_argument("target")
     figures = sub.add_parser("figures", help="draw every lesson's figures (make figures)")
     figures.add_argument("--lesson", type=int, action="append")
     figures.add_argument("--out", type=Path, default=None, help="a folder instead of lessons/")
@@ -240,6 +248,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.command == "targets":
         print(" ".join(name for name, t in found.items() if t.bench or not args.bench))
+    elif args.command == "setup-of":
+        print(found[args.target].setup if args.target in found else "setup")
     elif args.command == "help":
         for name, target in found.items():
             print(f"{name:<20}{target.help}")

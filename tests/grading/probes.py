@@ -517,3 +517,122 @@ def zero1_in_a_world_of_one(ex, x, y):
     return {"params": [p.detach() for p in model.parameters()], "grads_none": grads_none,
             "grads_after": [p.grad for p in model.parameters()],
             "owners": [int(o) for o in zero.owners]}
+
+
+# --- lesson 9 --------------------------------------------------------------------------------
+
+def lesson9_groups(world):
+    """The sub-groups of the `groups` check: the world cut in two, group ranks not global."""
+    return [[0], [1]] if world == 2 else [[0, 2], [1]]
+
+
+def lesson9_case(case, world):
+    """(length of the validation set, every rank's indices, in rank order) for a case of
+    workers/lesson9_validation.py or a world-of-one probe; the judge rebuilds the same."""
+    from torch.utils.data import DistributedSampler
+
+    def sampled(length, shuffle, seed=9):
+        return [list(DistributedSampler(range(length), num_replicas=world, rank=r,
+                                        shuffle=shuffle, seed=seed)) for r in range(world)]
+
+    if case == "padded":        # 9 over 2, 13 over 3, 5 over 1: the sampler repeats samples
+        return 4 * world + 1, sampled(4 * world + 1, shuffle=True)
+    if case == "uneven":        # a rank with none, and samples evaluated twice on one rank
+        shares = {1: [[0, 1, 2, 3, 4, 5, 6, 0, 1]], 2: [[], [0, 1, 2, 3, 4, 5, 6, 3, 3]],
+                  3: [[0, 1, 2, 3, 4, 0], [5, 6, 5], []]}
+        return 7, shares[world]
+    if case == "missing":       # sample 5 evaluated by no rank
+        return 6, [[i for i in range(5) if i % world == r] for r in range(world)]
+    if case == "bad":           # three indices, two results: see lesson9_shares
+        return 5, [[0, 1, 2]] * world
+    if case.startswith("group"):  # group i's own validation set, over its own ranks
+        length = 5  # both groups: code that reduces over the world instead runs, wrongly
+        if world == 1:          # a group of one: every sample once, the first twice
+            return length, [list(range(length)) + [0]]
+        return length, sampled(length, shuffle=False)
+    raise ValueError(case)
+
+
+def lesson9_truth(case, length):
+    """Whether the model got each sample right: the same on every rank (the same weights).
+    The samples the sampler repeats first (0, 1 unshuffled) are right, so counting them
+    twice shows."""
+    g = torch.Generator().manual_seed(sum(map(ord, case)))
+    truth = torch.rand(length, generator=g) < 0.45
+    if case in ("uneven", "group1"):
+        truth[:4] = True
+    return truth
+
+
+def lesson9_shares(case, world, rank):
+    """(indices, correct, length): what a rank of `case` hands exact_accuracy."""
+    length, shares = lesson9_case(case, world)
+    indices = shares[rank]
+    correct = lesson9_truth(case, length)[indices]
+    if case == "bad":
+        correct = correct[:2]
+    return indices, correct, length
+
+
+def exact_accuracy_alone(ex, case):
+    """exact_accuracy in the sandbox's world of one: (value, one line of what it raised)."""
+    indices, correct, length = lesson9_shares(case, 1, 0)
+    try:
+        return ex.exact_accuracy(indices, correct, length), None
+    except ValueError as error:
+        return None, f"{type(error).__name__}: {error}"[:300]
+
+
+class Lesson9Indices(torch.utils.data.Dataset):
+    """Sample i is the number i: a loader's batches are the indices it read."""
+
+    def __init__(self, length):
+        self.length = length
+
+    def __len__(self):
+        return self.length
+
+    def __getitem__(self, index):
+        return index
+
+
+def lesson9_loader(spec):
+    """The loader a shard_loader probe hands over, from a spec the judge reads too:
+    {"length", "batch_size", "shuffle", "drop_last", "collate": "default" | "pairs",
+     "sharded": None | (rank, world), "batch_sampler": bool, "sampler": None | "weighted"}."""
+    from torch.utils.data import (BatchSampler, DataLoader, DistributedSampler,
+                                  SequentialSampler, WeightedRandomSampler)
+
+    dataset = Lesson9Indices(spec["length"])
+    collate = (lambda batch: [(i, -i) for i in batch]) if spec.get("collate") == "pairs" \
+        else None
+    if spec.get("batch_sampler"):
+        return DataLoader(dataset, batch_sampler=BatchSampler(
+            SequentialSampler(dataset), spec["batch_size"], drop_last=False))
+    sampler = None
+    if spec.get("sharded"):
+        rank, world = spec["sharded"]
+        sampler = DistributedSampler(dataset, num_replicas=world, rank=rank,
+                                     shuffle=spec["shuffle"], seed=spec.get("seed", 0))
+    elif spec.get("sampler") == "weighted":
+        sampler = WeightedRandomSampler([1.0] * spec["length"], spec["length"])
+    return DataLoader(dataset, batch_size=spec["batch_size"], drop_last=spec["drop_last"],
+                      collate_fn=collate, sampler=sampler, num_workers=spec.get("num_workers", 0),
+                      shuffle=spec["shuffle"] if sampler is None else None)
+
+
+def sharded_epochs(ex, spec, rank, world, seed=0, epochs=2):
+    """shard_loader's loader read for `epochs` epochs, set_epoch(e) called on its sampler
+    before each, as lesson 3's loop does: every batch as a list of sample indices (or, with
+    the "pairs" collate, of pairs). Also what the loader keeps."""
+    loader = ex.shard_loader(lesson9_loader(spec), rank, world, seed=seed)
+    sampler = getattr(loader, "sampler", None)
+    read = []
+    for epoch in range(epochs):
+        if hasattr(sampler, "set_epoch"):
+            sampler.set_epoch(epoch)
+        read.append([[list(map(int, item)) if isinstance(item, tuple) else int(item)
+                      for item in batch] for batch in loader])
+    return {"read": read, "is_loader": isinstance(loader, torch.utils.data.DataLoader),
+            "set_epoch": hasattr(sampler, "set_epoch"),
+            "num_workers": getattr(loader, "num_workers", None)}

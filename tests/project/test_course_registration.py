@@ -97,3 +97,14 @@ def test_a_half_registered_lesson_is_reported(tmp_path):
     (folder / "lesson.toml").write_text('title = "x"\n[targets.lesson9]\nsteps = ["bash x.sh"]\n')
     with pytest.raises(Exception, match="a step is 'torchrun SCRIPT"):
         load_lesson(folder)
+
+
+def test_every_target_s_setup_is_a_make_target():
+    """A lesson's `setup` (lesson 9's libraries) names a rule of the Makefile, which its
+    targets run first; `setup-of` is how the Makefile asks."""
+    makefile = (ROOT / "Makefile").read_text()
+    for target in all_targets().values():
+        assert re.search(rf"^{re.escape(target.setup)}:", makefile, re.M), \
+            f"{target.name}: no make target {target.setup}"
+    assert {t.setup for t in all_targets().values()} >= {"setup"}
+    assert all_targets()["lesson9"].setup == "setup-lesson9"

@@ -1,0 +1,341 @@
+"""Grading tests for lesson 9. identity_from_launcher is called here with each launcher's
+variables (from lesson 9's launchers table), nested launchers and impossible sets;
+shard_loader's loader is read epoch by epoch in the submission's process and compared here
+with DistributedSampler's shares; exact_accuracy runs in torchrun jobs of 2 and 3 processes
+(workers/lesson9_validation.py), over shares a DistributedSampler padded, uneven shares and
+sub-groups, with every collective it starts recorded."""
+
+import pytest
+import torch
+from jobs import Job, graded, judge_once, judged, verdict
+from probes import lesson9_case, lesson9_groups, lesson9_loader, lesson9_truth
+from torch.utils.data import DistributedSampler
+
+# world size -> its job
+JOBS = {w: Job(f"lesson9_W{w}", "lesson9_validation.py", nproc=w, timeout=150) for w in (2, 3)}
+
+
+@pytest.fixture(scope="module")
+def ex():
+    yield from graded(9)
+
+
+def one_line_value_error(call, *args, **kwargs):
+    with pytest.raises(ValueError) as refused:
+        call(*args, **kwargs)
+    assert "\n" not in str(refused.value).strip(), (args, kwargs, str(refused.value))
+
+
+# --- l9_launcher_identity ------------------------------------------------------------------
+
+def who(rank, local, node, world):
+    return {"rank": rank, "local_rank": local, "node_rank": node, "world_size": world}
+
+
+MASTER = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500", "HOME": "/home/student"}
+TORCHRUN = {**MASTER, "RANK": "5", "LOCAL_RANK": "1", "WORLD_SIZE": "8",
+            "LOCAL_WORLD_SIZE": "4", "GROUP_RANK": "1"}
+LIGHTNING = {**MASTER, "LOCAL_RANK": "1", "NODE_RANK": "2", "WORLD_SIZE": "9"}
+DEEPSPEED = {**MASTER, "RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "LOCAL_SIZE": "2",
+             "CROSS_RANK": "1", "CROSS_SIZE": "2", "CUDA_VISIBLE_DEVICES": "0,1"}
+OPEN_MPI = {"OMPI_COMM_WORLD_RANK": "7", "OMPI_COMM_WORLD_LOCAL_RANK": "3",
+            "OMPI_COMM_WORLD_SIZE": "12", "OMPI_COMM_WORLD_LOCAL_SIZE": "4"}
+SRUN = {"SLURM_PROCID": "4", "SLURM_LOCALID": "1", "SLURM_NTASKS": "6", "SLURM_NODEID": "2",
+        "SLURM_JOB_ID": "77"}
+
+
+@pytest.mark.l9_launcher_identity
+@pytest.mark.points(1)
+def test_identity_under_torchrun_and_accelerate_launch(ex):
+    assert ex.identity_from_launcher(TORCHRUN) == who(5, 1, 1, 8)
+    one_node = {"RANK": "2", "LOCAL_RANK": "2", "WORLD_SIZE": "3", "LOCAL_WORLD_SIZE": "3",
+                "GROUP_RANK": "0"}
+    assert ex.identity_from_launcher(one_node) == who(2, 2, 0, 3)
+    no_group_rank = {k: v for k, v in TORCHRUN.items() if k != "GROUP_RANK"}
+    assert ex.identity_from_launcher(no_group_rank) == who(5, 1, 1, 8)
+
+
+@pytest.mark.l9_launcher_identity
+@pytest.mark.points(2)
+def test_identity_of_lightning_s_children_without_rank(ex):
+    # The Trainer started by python: 3 devices per node, node 2, local rank 1: rank 7 of 9.
+    assert ex.identity_from_launcher(LIGHTNING, devices_per_node=3) == who(7, 1, 2, 9)
+    on_node_0 = {**MASTER, "LOCAL_RANK": "1", "WORLD_SIZE": "2"}
+    assert ex.identity_from_launcher(on_node_0, devices_per_node=2) == who(1, 1, 0, 2)
+    two_nodes = {**MASTER, "LOCAL_RANK": "0", "NODE_RANK": "1", "WORLD_SIZE": "4"}
+    assert ex.identity_from_launcher(two_nodes, devices_per_node=2) == who(2, 0, 1, 4)
+    one_line_value_error(ex.identity_from_launcher, LIGHTNING)  # the devices are needed
+
+
+@pytest.mark.l9_launcher_identity
+@pytest.mark.points(1)
+def test_identity_under_deepspeed_with_its_local_rank_argument(ex):
+    assert ex.identity_from_launcher(DEEPSPEED, ["--local_rank=1", "--zero-stage", "2"]) == \
+        who(3, 1, 1, 4)
+    assert ex.identity_from_launcher(DEEPSPEED, ["--epochs", "1", "--local_rank", "1"]) == \
+        who(3, 1, 1, 4)
+    one_line_value_error(ex.identity_from_launcher, DEEPSPEED, ["--local_rank=0"])
+    one_line_value_error(ex.identity_from_launcher, DEEPSPEED, ["--local_rank", "2"])
+
+
+@pytest.mark.l9_launcher_identity
+@pytest.mark.points(1)
+def test_identity_under_mpirun_and_srun(ex):
+    assert ex.identity_from_launcher(OPEN_MPI) == who(7, 3, 1, 12)
+    assert ex.identity_from_launcher(SRUN) == who(4, 1, 2, 6)
+
+
+@pytest.mark.l9_launcher_identity
+@pytest.mark.points(2)
+def test_identity_of_nested_launchers_is_the_innermost(ex):
+    # torchrun started by srun, one task per node: SLURM_PROCID is the node's task, not the rank
+    under_srun = {**TORCHRUN, "SLURM_PROCID": "1", "SLURM_LOCALID": "0", "SLURM_NTASKS": "2",
+                  "SLURM_NODEID": "1"}
+    assert ex.identity_from_launcher(under_srun) == who(5, 1, 1, 8)
+    # the Trainer inside a SLURM allocation, started by python on the batch node
+    lightning_in_slurm = {**LIGHTNING, "SLURM_PROCID": "0", "SLURM_LOCALID": "0",
+                          "SLURM_NTASKS": "1", "SLURM_NODEID": "0"}
+    assert ex.identity_from_launcher(lightning_in_slurm, devices_per_node=3) == who(7, 1, 2, 9)
+    # mpirun inside an allocation
+    assert ex.identity_from_launcher({**SRUN, **OPEN_MPI}) == who(7, 3, 1, 12)
+
+
+@pytest.mark.l9_launcher_identity
+@pytest.mark.points(2)
+def test_identity_refuses_an_impossible_set(ex):
+    assert ex.identity_from_launcher(TORCHRUN) == who(5, 1, 1, 8)  # not a refusal of all
+    impossible = [
+        ({**TORCHRUN, "RANK": "8"}, (), None),                     # rank outside the world
+        ({**TORCHRUN, "RANK": "6"}, (), None),                     # not node x 4 + local
+        ({**TORCHRUN, "LOCAL_RANK": "4", "RANK": "8",
+          "WORLD_SIZE": "12"}, (), None),                          # local rank outside its node
+        ({**TORCHRUN, "WORLD_SIZE": "7", "RANK": "5"}, (), None),  # not a whole number of nodes
+        ({**TORCHRUN, "RANK": "five"}, (), None),                  # not a number
+        ({**LIGHTNING, "LOCAL_RANK": "3"}, (), 3),                 # a fourth device of three
+        ({**LIGHTNING, "WORLD_SIZE": "8"}, (), 3),                 # nodes of 3 make no 8
+        ({**OPEN_MPI, "OMPI_COMM_WORLD_RANK": "6"}, (), None),     # rank 6 is node 1's local 2
+        ({**SRUN, "SLURM_PROCID": "6"}, (), None),                 # outside the tasks
+        (MASTER, (), None),                                        # no launcher at all
+        ({"LOCAL_RANK": "0"}, (), 1),                              # no world size
+    ]
+    for environ, argv, devices in impossible:
+        one_line_value_error(ex.identity_from_launcher, environ, argv, devices)
+
+
+# --- l9_shard_loader -----------------------------------------------------------------------
+
+def spec(length, batch_size, shuffle, drop_last=False, **more):
+    return {"length": length, "batch_size": batch_size, "shuffle": shuffle,
+            "drop_last": drop_last, **more}
+
+
+def sampler_batches(length, batch_size, rank, world, shuffle, seed, epoch, drop_last=False):
+    """The batches lesson 3's loader gives `rank` in `epoch`: DistributedSampler's share."""
+    sampler = DistributedSampler(range(length), num_replicas=world, rank=rank,
+                                 shuffle=shuffle, seed=seed)
+    sampler.set_epoch(epoch)
+    share = list(sampler)
+    batches = [share[i:i + batch_size] for i in range(0, len(share), batch_size)]
+    return [b for b in batches if len(b) == batch_size] if drop_last else batches
+
+
+def read_every_rank(ex, loader_spec, world, seed=0, epochs=2):
+    return [ex.probe("sharded_epochs", loader_spec, rank, world, seed=seed, epochs=epochs)
+            for rank in range(world)]
+
+
+def expected_every_rank(loader_spec, world, seed=0, epochs=2):
+    return [[sampler_batches(loader_spec["length"], loader_spec["batch_size"], rank, world,
+                             loader_spec["shuffle"], seed, epoch, loader_spec["drop_last"])
+             for epoch in range(epochs)] for rank in range(world)]
+
+
+@pytest.mark.l9_shard_loader
+@pytest.mark.points(2)
+def test_shard_a_shuffling_loader_as_distributed_sampler_would(ex):
+    for length, batch, world, seed in [(23, 4, 3, 5), (40, 8, 2, 0), (17, 3, 4, 11)]:
+        loader_spec = spec(length, batch, shuffle=True)
+        read = read_every_rank(ex, loader_spec, world, seed=seed)
+        assert all(r["is_loader"] and r["set_epoch"] for r in read), (length, world)
+        assert [r["read"] for r in read] == expected_every_rank(loader_spec, world, seed), \
+            (length, batch, world, seed)
+    # set_epoch reaches the order: each epoch its own
+    epochs = read[0]["read"]
+    assert epochs[0] != epochs[1]
+
+
+@pytest.mark.l9_shard_loader
+@pytest.mark.points(1)
+def test_shard_an_ordered_loader_in_order(ex):
+    for length, batch, world, drop_last in [(9, 2, 2, False), (10, 3, 3, True), (7, 7, 3, False)]:
+        loader_spec = spec(length, batch, shuffle=False, drop_last=drop_last)
+        read = read_every_rank(ex, loader_spec, world)
+        assert [r["read"] for r in read] == expected_every_rank(loader_spec, world), \
+            (length, batch, world, drop_last)
+
+
+@pytest.mark.l9_shard_loader
+@pytest.mark.points(1)
+def test_shard_keeps_the_batch_collate_and_workers(ex):
+    loader_spec = spec(21, 5, shuffle=True, drop_last=True, collate="pairs")
+    read = read_every_rank(ex, loader_spec, 2, seed=3, epochs=1)
+    for rank, r in enumerate(read):
+        want = sampler_batches(21, 5, rank, 2, True, 3, 0, drop_last=True)
+        assert r["read"] == [[[[i, -i] for i in batch] for batch in want]], rank
+    kept = ex.probe("sharded_epochs", spec(12, 4, shuffle=False, num_workers=2), 0, 2, epochs=0)
+    assert kept["num_workers"] == 2
+
+
+@pytest.mark.l9_shard_loader
+@pytest.mark.points(2)
+def test_an_already_sharded_loader_is_not_sharded_again(ex):
+    for length, world, shuffle in [(30, 3, True), (11, 2, False)]:
+        for rank in range(world):
+            loader_spec = spec(length, 2, shuffle=shuffle, sharded=(rank, world), seed=4)
+            read = ex.probe("sharded_epochs", loader_spec, rank, world, seed=4)
+            assert read["read"] == [sampler_batches(length, 2, rank, world, shuffle, 4, e)
+                                    for e in range(2)], (length, world, rank)
+
+
+@pytest.mark.l9_shard_loader
+@pytest.mark.points(1)
+def test_shard_for_one_rank_and_for_more_ranks_than_samples(ex):
+    alone = spec(6, 4, shuffle=True)
+    assert [r["read"] for r in read_every_rank(ex, alone, 1, seed=2)] == \
+        expected_every_rank(alone, 1, seed=2)  # DistributedSampler's order, not the loader's
+    crowded = spec(2, 1, shuffle=False)
+    assert [r["read"] for r in read_every_rank(ex, crowded, 5)] == \
+        expected_every_rank(crowded, 5)
+
+
+@pytest.mark.l9_shard_loader
+@pytest.mark.points(2)
+def test_shard_refuses_what_it_cannot_split(ex):
+    right = spec(10, 2, True)  # not a refusal of all
+    assert [r["read"] for r in read_every_rank(ex, right, 2)] == expected_every_rank(right, 2)
+    refused = [(spec(10, 2, True, sharded=(1, 2)), 0, 2),    # sharded for another rank
+               (spec(10, 2, True, sharded=(0, 2)), 0, 3),    # for another world size
+               (spec(10, 2, True, sampler="weighted"), 0, 2),
+               (spec(10, 2, False, batch_sampler=True), 0, 2),
+               (spec(10, 2, True), 2, 2), (spec(10, 2, True), -1, 2)]
+    for loader_spec, rank, world in refused:
+        with pytest.raises(ValueError) as error:
+            ex.probe("sharded_epochs", loader_spec, rank, world, epochs=1)
+        assert "\n" not in str(error.value).strip(), (loader_spec, rank, world)
+    assert lesson9_loader(spec(10, 2, True, sampler="weighted")).batch_size == 2  # a loader
+
+
+# --- l9_exact_validation -------------------------------------------------------------------
+
+def exact(case, world):
+    length, _ = lesson9_case(case, world)
+    return lesson9_truth(case, length).double().mean().item()
+
+
+def value_problems(mine, want, where):
+    if mine["raised"]:
+        return [f"{where}: raised {mine['raised']}"]
+    value = mine["value"]
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        value = value.item()  # not the float asked for: that costs the world-of-one point only
+    if type(value) is not float:
+        return [f"{where}: returned {type(value).__name__}, not a number"]
+    if not abs(value - want) <= 1e-6:
+        return [f"{where}: {value:.6f}, one process gets {want:.6f}"]
+    return []
+
+
+def judge_value(case):
+    def judge(seen):
+        world = len(seen)
+        problems = [p for rank, mine in enumerate(seen)
+                    for p in value_problems(mine, exact(case, world), f"rank {rank}")]
+        if not problems and len({float(mine["value"]) for mine in seen}) != 1:
+            problems.append("the ranks returned different values")
+        return problems, ""
+    return judge_once(judge)
+
+
+def judge_groups(seen):
+    world, problems = len(seen), []
+    groups = lesson9_groups(world)
+    for rank, mine in enumerate(seen):
+        i = next(i for i, ranks in enumerate(groups) if rank in ranks)
+        problems += value_problems(mine, exact(f"group{i}", len(groups[i])),
+                                   f"rank {rank} (group {groups[i]})")
+        strays = [op for op, _, ranks in mine["collectives"] if ranks and set(ranks) != set(
+            groups[i])]
+        if strays:
+            problems.append(f"rank {rank}: {strays[0]} over another group than its own "
+                            f"{groups[i]}")
+    return problems, ""
+
+
+def judge_refused(before_any_collective):
+    def judge(seen):
+        problems = [p for rank, mine in enumerate(seen) for p in value_problems(
+            mine["first"], exact("padded", len(seen)), f"rank {rank}, before (padded)")]
+        for rank, mine in enumerate(seen):
+            if not mine["raised"]:
+                problems.append(f"rank {rank}: returned {mine['value']!r}, expected ValueError")
+            elif before_any_collective and (mine["collectives"] or mine["messages"]):
+                problems.append(f"rank {rank}: {len(mine['collectives'])} collectives before "
+                                "the ValueError; check the input first")
+        return problems, ""
+    return judge
+
+
+def job(world_size):
+    return judged(JOBS[world_size], {
+        "padded": ("padded", judge_value("padded")),
+        "uneven": ("uneven", judge_value("uneven")),
+        "groups": ("groups", judge_groups),
+        "missing": ("missing", judge_refused(False)),
+        "bad": ("bad", judge_refused(True))})
+
+
+def assert_ok(world_size, name):
+    line = verdict(job(world_size), name)
+    assert line == f"{name}: ok on {world_size} ranks", line
+
+
+@pytest.mark.l9_exact_validation
+@pytest.mark.points(1)
+def test_exact_accuracy_in_a_world_of_one(ex):
+    """Also the one check that the answer is a Python float, as asked, not a tensor."""
+    with ex.world_of_one():
+        for case in ("uneven", "padded"):
+            value, raised = ex.probe("exact_accuracy_alone", case)
+            assert raised is None, raised
+            assert type(value) is float and abs(value - exact(case, 1)) <= 1e-6, (case, value)
+
+
+@pytest.mark.l9_exact_validation
+@pytest.mark.points(2)
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_exact_accuracy_counts_the_sampler_s_padding_once(ex, world_size):
+    assert_ok(world_size, "padded")
+
+
+@pytest.mark.l9_exact_validation
+@pytest.mark.points(2)
+def test_exact_accuracy_over_uneven_shares(ex):
+    assert_ok(3, "uneven")
+
+
+@pytest.mark.l9_exact_validation
+@pytest.mark.points(2)
+def test_exact_accuracy_in_sub_groups_with_their_collectives_only(ex):
+    assert_ok(3, "groups")
+
+
+@pytest.mark.l9_exact_validation
+@pytest.mark.points(1)
+def test_exact_accuracy_refuses_a_sample_no_rank_evaluated_on_every_rank(ex):
+    assert_ok(3, "missing")
+
+
+@pytest.mark.l9_exact_validation
+@pytest.mark.points(1)
+def test_exact_accuracy_refuses_bad_input_before_any_collective(ex):
+    assert_ok(2, "bad")
