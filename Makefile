@@ -102,7 +102,7 @@ grade-class: setup ## grade every folder under SUBMISSIONS=dir into build/grades
 	@$(VPY) -m ddpcourse.course.grading class '$(SUBMISSIONS)' --lesson '$(LESSON)' \
 		$(if $(filter 1,$(SLURM)),--slurm --tasks '$(SLURM_TASKS)' --sbatch-args '$(SBATCH_ARGS)')
 
-notebooks: setup ## execute every notebook and render HTML into build/notebooks
+notebooks: setup $(VENV)/.lesson9-installed ## execute every notebook and render HTML into build/notebooks
 	$(VPY) -m jupyter nbconvert --to html --embed-images --execute --ExecutePreprocessor.timeout=600 \
 		--output-dir build/notebooks notebooks/*.ipynb
 
@@ -131,10 +131,11 @@ setup-lesson9: setup $(VENV)/.lesson9-installed ## add lesson 9's libraries (Lig
 test-lesson9: setup-lesson9 ## lesson 9's libraries train to lesson 3's DDP weights, bit for bit
 	$(VPY) -m pytest -q -n 2 tests/lesson9
 
-# Executes every notebook from the repository root, as `make notebooks` does, then MkDocs builds
+# Executes every notebook from the repository root, as `make notebooks` does (notebook 9 with
+# lesson 9's libraries, installed first), then MkDocs builds
 # the pages (ddpcourse/course/site.py, mkdocs.yml). 8.5 minutes on 2 busy cores, nearly all of
 # it the notebooks (lesson 7's: 3 minutes); the MkDocs build itself takes about 10 s.
-site: setup $(VENV)/.site-installed ## the course as a website in build/site: readings, executed notebooks, appendix
+site: setup $(VENV)/.site-installed $(VENV)/.lesson9-installed ## the course as a website in build/site: readings, executed notebooks, appendix
 	$(VPY) -m ddpcourse.course.site
 
 site-test: setup $(VENV)/.site-installed ## read build/site (make site first) in headless Chromium: pages, links, images

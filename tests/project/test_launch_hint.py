@@ -40,7 +40,7 @@ def test_a_launch_hint_names_its_script_and_the_target_that_runs_it(script):
     hint = hint_of(script)
     lesson = re.search(r"lesson(\d+)_", script).group(1)
     if not (ROOT / "lessons" / f"lesson{lesson}" / "lesson.toml").exists():
-        # A lesson not registered yet (lesson 9, being built) has no make target to name.
+        # A lesson not registered yet (one being built) has no make target to name.
         assert hint == f"torchrun --nproc-per-node=2 {script}", hint
         return
     assert hint.endswith(f" {script})"), hint
