@@ -1,6 +1,7 @@
 """Lesson 9 exercises: what the libraries do for you, done by hand. Who a process is, whichever
-launcher started it; a DataLoader sharded over the ranks once, as the Trainer and Accelerate
-shard yours; a validation accuracy over the ranks equal to one process's.
+launcher started it; a DataLoader sharded over the ranks once, as the Trainer and Fabric
+shard yours (Accelerate's prepare() deals out whole batches instead); a validation accuracy
+over the ranks equal to one process's.
 
 Replace each `raise NotImplementedError` with your code, then grade one exercise at a time:
 
@@ -63,7 +64,7 @@ def identity_from_launcher(environ: Mapping[str, str], argv: Sequence[str] = (),
 # --- l9_shard_loader -----------------------------------------------------------------------
 
 def shard_loader(loader: DataLoader, rank: int, world_size: int, seed: int = 0) -> DataLoader:
-    """Exercise l9_shard_loader: what the Trainer and Accelerate's prepare() do to your loader.
+    """Exercise l9_shard_loader: what the Trainer and Fabric do to your loader, done once.
 
     Return a DataLoader over the same dataset that gives rank `rank` of `world_size` its share
     of every epoch, exactly as lesson 3's DistributedSampler(dataset, world_size, rank,

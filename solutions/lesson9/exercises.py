@@ -7,8 +7,7 @@ from collections.abc import Mapping, Sequence
 
 import torch
 import torch.distributed as dist
-from torch.utils.data import (DataLoader, DistributedSampler, RandomSampler,
-                              SequentialSampler)
+from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, SequentialSampler
 
 # --- l9_launcher_identity ------------------------------------------------------------------
 

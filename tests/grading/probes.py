@@ -600,8 +600,13 @@ def lesson9_loader(spec):
     """The loader a shard_loader probe hands over, from a spec the judge reads too:
     {"length", "batch_size", "shuffle", "drop_last", "collate": "default" | "pairs",
      "sharded": None | (rank, world), "batch_sampler": bool, "sampler": None | "weighted"}."""
-    from torch.utils.data import (BatchSampler, DataLoader, DistributedSampler,
-                                  SequentialSampler, WeightedRandomSampler)
+    from torch.utils.data import (
+        BatchSampler,
+        DataLoader,
+        DistributedSampler,
+        SequentialSampler,
+        WeightedRandomSampler,
+    )
 
     dataset = Lesson9Indices(spec["length"])
     collate = (lambda batch: [(i, -i) for i in batch]) if spec.get("collate") == "pairs" \

@@ -17,11 +17,10 @@ def identity_from_launcher(environ, argv=(), devices_per_node=None):
             raise ValueError(f"{name}={environ[name]!r}: not a number")
         return int(environ[name])
 
-    for rank_name, local_name, world_name, size_names, node_names in LAUNCHERS:
-        if all(n in environ for n in (rank_name, local_name, world_name) if n):
-            break
-    else:
+    found = [names for names in LAUNCHERS if all(n in environ for n in names[:3] if n)]
+    if not found:
         raise ValueError("no launcher set this process's variables")
+    rank_name, local_name, world_name, size_names, node_names = found[0]
     local, world = number(local_name), number(world_name)
     per_node = next((number(n) for n in size_names if n in environ), devices_per_node)
     node_name = next((n for n in node_names if n in environ), None)

@@ -3,8 +3,7 @@ the sampler swapped, and the refusals written as one table."""
 
 
 def shard_loader(loader, rank, world_size, seed=0):
-    from torch.utils.data import (DataLoader, DistributedSampler, RandomSampler,
-                                  SequentialSampler)
+    from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, SequentialSampler
 
     sampler = loader.sampler
     refusals = [

@@ -3,8 +3,7 @@ batch, and the last partial batch kept, whatever the loader did."""
 
 
 def shard_loader(loader, rank, world_size, seed=0):
-    from torch.utils.data import (DataLoader, DistributedSampler, RandomSampler,
-                                  SequentialSampler)
+    from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, SequentialSampler
 
     if not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} of {world_size}")
