@@ -5,12 +5,14 @@
 For each world size W, lesson 3's step (its DDP script, under torchrun) trains first;
 then each library's script trains the same model from the same seed on the same data order
 with the same global batch, started the ways it can be: by plain `python` (the library
-starts the other processes), by torchrun, or by a Dask cluster. Each row compares the final
-state dict with lesson 3's: how many of its tensors are not equal, and the largest gap. 0 is
-bit for bit; the reasons for anything else are in the scripts' docstrings (DeepSpeed at W = 3
-averages in another order; Accelerate's own loader is another order of the data).
+starts the other processes), by torchrun, by DeepSpeed's own launcher, or by a Dask
+cluster. Each row compares the final state dict with lesson 3's: how many of its tensors
+are not equal, and the largest gap. 0 is bit for bit; the reasons for anything else are in
+the scripts' docstrings (DeepSpeed at W = 3 averages in another order, and with its
+defaults clips the gradients; Accelerate's own loader is another order of the data).
 """
 
+import os
 import sys
 import tempfile
 import time
@@ -20,13 +22,14 @@ import torch
 
 from ddpcourse.cli import ArgumentParser
 from ddpcourse.cluster.launch import launch, run_commands
+from ddpcourse.ports import free_port
 from ddpcourse.report import format_table, summary_line
 
 ROOT = Path(__file__).resolve().parents[2]
 
 # (library, step under scripts/, how it is started, extra arguments): started "python"
 # passes --devices W (the library starts W processes), "torchrun" is the course's launcher,
-# "dask" passes --workers W.
+# "deepspeed" is `deepspeed --num_gpus W` (it adds --local_rank=N), "dask" passes --workers W.
 RUNS = [
     ("Fabric", "lesson9_fabric", "python", []),
     ("Fabric", "lesson9_fabric", "torchrun", []),
@@ -37,6 +40,10 @@ RUNS = [
     ("DeepSpeed ZeRO-0", "lesson9_deepspeed", "torchrun", ["--zero-stage", "0"]),
     ("DeepSpeed ZeRO-1", "lesson9_deepspeed", "torchrun", ["--zero-stage", "1"]),
     ("DeepSpeed ZeRO-2", "lesson9_deepspeed", "torchrun", ["--zero-stage", "2"]),
+    ("DeepSpeed ZeRO-3", "lesson9_deepspeed", "torchrun", ["--zero-stage", "3"]),
+    ("DeepSpeed ZeRO-2", "lesson9_deepspeed", "deepspeed", ["--zero-stage", "2"]),
+    ("DeepSpeed ZeRO-0, its defaults", "lesson9_deepspeed", "torchrun",
+     ["--zero-stage", "0", "--deepspeed-defaults"]),
     ("Dask workers", "lesson9_dask", "dask", []),
 ]
 REFERENCE = "lesson3_ddp"  # lesson 3's step, which every run is held against
@@ -73,11 +80,20 @@ def train(step_name, started_by, world, extra, checkpoint, args) -> float:
         result = launch(script, step, nproc=world, timeout=args.timeout, cwd=str(ROOT),
                         capture=True, echo=False, backend="gloo")
     else:
-        command = ([sys.executable, script, "--devices", str(world), *step]
-                   if started_by == "python" else
-                   [sys.executable, script, "--workers", str(world), "--", *step])
+        env = None  # this process's
+        if started_by == "deepspeed":  # on a CPU it shows the workers CUDA_VISIBLE_DEVICES=0,..
+            command = [str(Path(sys.executable).parent / "deepspeed"), "--num_gpus", str(world),
+                       "--master_port", str(free_port()), script, *step]
+            # One thread per worker, as torchrun sets when it starts several: the CPU kernels'
+            # sums then run in the same order as lesson 3's.
+            env = dict(os.environ, OMP_NUM_THREADS="1")
+        else:
+            command = ([sys.executable, script, "--devices", str(world), *step]
+                       if started_by == "python" else
+                       [sys.executable, script, "--workers", str(world), "--", *step])
         # A session of its own, killed whole on time out: the library's other processes too.
-        result = run_commands([command], timeout=args.timeout, cwd=str(ROOT), capture=True)
+        result = run_commands([command], timeout=args.timeout, envs=env and [env],
+                              cwd=str(ROOT), capture=True)
     if result.returncode == 124:
         sys.exit(f"error: {script} ({started_by}, W = {world}) did not finish within "
                  f"{args.timeout:g} s and was stopped")

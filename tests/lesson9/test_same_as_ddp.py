@@ -2,12 +2,14 @@
 
 scripts/experiments/lesson9_same_weights.py runs, at W = 2 and W = 3, lesson 3's step and then
 Lightning's Fabric and its Trainer (each started by plain `python`, the library starting the
-other processes, and by torchrun), Accelerate, DeepSpeed's ZeRO stages 0-2 and lesson 3's
-step on a Dask cluster's workers, with the same seed, data order and global batch. Every
-final state dict must equal lesson 3's bit for bit, except where the scripts say why not:
-DeepSpeed at W = 3 (its average taken in another order: close), and Accelerate's own loader
-(another order of the data: another run). And scripts/experiments/lesson9_launchers.py's
-table of what each launcher gives its workers is checked against what it must show.
+other processes, and by torchrun), Accelerate, DeepSpeed's ZeRO stages 0-3 (and stage 2
+started by DeepSpeed's own launcher) and lesson 3's step on a Dask cluster's workers, with
+the same seed, data order and global batch. Every final state dict must equal lesson 3's bit
+for bit, except where the scripts say why not: DeepSpeed at W = 3 (its average taken in
+another order: close), DeepSpeed with its own defaults (its gradients clipped: another run)
+and Accelerate's own loader (another order of the data: another run). And
+scripts/experiments/lesson9_launchers.py's table of what each launcher gives its workers is
+checked against what it must show.
 
 `make test-lesson9` installs lesson 9's packages (requirements-lesson9.txt) into .venv and
 runs these; without the packages they skip, saying why. On the CPU with gloo, as every test.
@@ -40,23 +42,42 @@ def test_every_library_trains_to_lesson_3_s_weights_or_says_why_not(world):
                             text=True, timeout=880)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     rows = parse_table(result.stdout)
-    assert len(rows) == 10 and {r["W"] for r in rows} == {str(world)}
+    assert len(rows) == 13 and {r["W"] for r in rows} == {str(world)}
     for row in rows:
         differing = int(row["tensors not equal"].split(" of ")[0])
         gap, what = float(row["max |gap|"]), f"{row['library']} ({row['started by']})"
-        if row["library"] == "Accelerate, its own loader":
-            assert differing > 46, what  # another order of the data: another run
+        if row["library"] in ("Accelerate, its own loader", "DeepSpeed ZeRO-0, its defaults"):
+            assert differing > 46, what  # another data order, or clipped: another run
         elif row["library"].startswith("DeepSpeed") and world == 3:
             assert 0 < gap < 0.1, what  # the last bit of 1/3, grown over two epochs
         else:
             assert (differing, gap) == (0, 0.0), what
     assert {(r["library"], r["started by"]) for r in rows} >= {
         ("Fabric", "python"), ("Fabric", "torchrun"), ("Trainer", "python"),
-        ("Trainer", "torchrun"), ("Dask workers", "dask")}
+        ("Trainer", "torchrun"), ("Dask workers", "dask"), ("DeepSpeed ZeRO-3", "torchrun"),
+        ("DeepSpeed ZeRO-2", "deepspeed")}
+    # DeepSpeed's launcher changes nothing in the training: the same weights as under torchrun.
+    stage_2 = [(r["tensors not equal"], r["max |gap|"]) for r in rows
+               if r["library"] == "DeepSpeed ZeRO-2"]
+    assert len(stage_2) == 2 and stage_2[0] == stage_2[1]
 
 
 def weights(path: Path) -> dict:
     return torch.load(path, weights_only=False)["model"]
+
+
+@pytest.mark.timeout(120)
+def test_deepspeed_with_its_defaults_refuses_torch_s_sgd_from_stage_1_in_one_line(tmp_path):
+    result = launch("scripts/lesson9_deepspeed.py", ["--zero-stage", "1", "--deepspeed-defaults",
+                                                     "--checkpoint", str(tmp_path / "x.pt")],
+                    nproc=2, timeout=100, cwd=str(ROOT), capture=True, echo=False,
+                    backend="gloo")
+    assert result.returncode != 0
+    refusals = [line for line in (result.stdout + result.stderr).splitlines()
+                if "refuses" in line]  # once: rank 0 says it for every rank
+    assert refusals == ['error: DeepSpeed refuses: You are using an untested ZeRO Optimizer. '
+                        'Please add <"zero_allow_untested_optimizer": true> in the '
+                        'configuration file to use it.']
 
 
 @pytest.mark.timeout(120)
