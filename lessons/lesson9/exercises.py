@@ -1,7 +1,7 @@
 """Lesson 9 exercises: what the libraries do for you, done by hand. Who a process is, whichever
-launcher started it; a DataLoader sharded over the ranks once, as the Trainer and Fabric
-shard yours (Accelerate's prepare() deals out whole batches instead); a validation accuracy
-over the ranks equal to one process's.
+launcher started it; a DataLoader sharded over the ranks once, as Fabric shards yours (the
+Trainer also shuffles a training loader that read in order; Accelerate's prepare() deals out
+whole batches instead); a validation accuracy over the ranks equal to one process's.
 
 Replace each `raise NotImplementedError` with your code, then grade one exercise at a time:
 
@@ -9,9 +9,10 @@ Replace each `raise NotImplementedError` with your code, then grade one exercise
     .venv/bin/pytest tests/grading -m l9_exact_validation      # one exercise
 
 None of them needs Lightning, Accelerate or DeepSpeed: write them with torch alone (the
-grader's machine may not have those libraries). l9_launcher_identity and l9_shard_loader are
-graded in the grading process; l9_exact_validation in torchrun jobs of 2 and 3 processes, in
-the world and in sub-groups, where every collective your code starts is recorded.
+grader's machine may not have those libraries). Your code runs in a sandboxed process of its
+own: l9_launcher_identity and l9_shard_loader there alone; l9_exact_validation there in a
+world of one, then in torchrun jobs of 2 and 3 processes, in the world and in sub-groups,
+where every collective your code starts is recorded.
 """
 
 from __future__ import annotations
@@ -30,19 +31,21 @@ def identity_from_launcher(environ: Mapping[str, str], argv: Sequence[str] = (),
     """Exercise l9_launcher_identity: who this process is, whichever launcher started it.
 
     Return {"rank", "local_rank", "node_rank", "world_size"} (ints) from `environ` (never
-    os.environ) and the script's arguments `argv`. What each launcher of this lesson sets (the
-    table of `make lesson9-launchers`):
+    os.environ) and the script's arguments `argv`. What each launcher sets (the table of
+    `make lesson9-launchers` shows the first three; lesson 5 shows srun's):
 
-    - torchrun and accelerate launch: RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE and
-      GROUP_RANK (the node rank);
+    - torchrun, and accelerate launch when it starts several processes through torchrun
+      (`--multi_gpu`): RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE and GROUP_RANK (the node
+      rank);
     - deepspeed: RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_SIZE and CROSS_RANK (the node rank), and
-      `--local_rank=N` among the script's arguments (also written `--local_rank N`);
+      `--local_rank=N` among the script's arguments (accept `--local_rank N` too);
     - Lightning's own launcher (the Trainer or Fabric started by plain python): LOCAL_RANK,
       NODE_RANK and WORLD_SIZE, and no RANK: the global rank is NODE_RANK x devices_per_node
       + LOCAL_RANK, where devices_per_node is the Trainer's `devices` (the caller passes it;
       without it, raise);
     - mpirun (Open MPI): OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_LOCAL_RANK,
-      OMPI_COMM_WORLD_SIZE and OMPI_COMM_WORLD_LOCAL_SIZE (the node rank: rank // local size);
+      OMPI_COMM_WORLD_SIZE and OMPI_COMM_WORLD_LOCAL_SIZE (the node rank: rank // local size,
+      as mpirun's default mapping, by slot, places them);
     - srun (SLURM, lesson 5): SLURM_PROCID, SLURM_LOCALID, SLURM_NTASKS and SLURM_NODEID.
 
     Launchers nest: torchrun started by srun sees srun's variables too, and there
@@ -64,7 +67,8 @@ def identity_from_launcher(environ: Mapping[str, str], argv: Sequence[str] = (),
 # --- l9_shard_loader -----------------------------------------------------------------------
 
 def shard_loader(loader: DataLoader, rank: int, world_size: int, seed: int = 0) -> DataLoader:
-    """Exercise l9_shard_loader: what the Trainer and Fabric do to your loader, done once.
+    """Exercise l9_shard_loader: what Fabric does to your loader (and the Trainer, but for
+    shuffling every training loader), done once.
 
     Return a DataLoader over the same dataset that gives rank `rank` of `world_size` its share
     of every epoch, exactly as lesson 3's DistributedSampler(dataset, world_size, rank,
@@ -92,10 +96,11 @@ def exact_accuracy(indices: Sequence[int], correct: torch.Tensor, length: int,
 
     Every rank of `group` evaluated some samples of a validation set of `length` samples:
     `indices` are the dataset indices this rank evaluated, and `correct[i]` (a bool tensor)
-    says whether its prediction for indices[i] was right. The ranks' shares came from a
+    says whether its prediction for indices[i] was right. The shares may come from a
     DistributedSampler, which pads: when length % W != 0 some samples were evaluated on two
-    ranks (or more, with more ranks than samples); and a rank may have evaluated none. The
-    same weights on every rank: a sample evaluated twice is right both times or neither.
+    ranks (or more, with more ranks than samples); or they may be uneven: a sample twice on
+    one rank, a rank with none. The same weights on every rank: a sample evaluated twice is
+    right both times or neither.
 
     Return, on every rank of `group`, the same Python float: the fraction of the `length`
     samples predicted right, each counted once. Use collectives of `group` only. Raise

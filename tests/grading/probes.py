@@ -535,7 +535,7 @@ def lesson9_case(case, world):
         return [list(DistributedSampler(range(length), num_replicas=world, rank=r,
                                         shuffle=shuffle, seed=seed)) for r in range(world)]
 
-    if case == "padded":        # 9 over 2, 13 over 3, 5 over 1: the sampler repeats samples
+    if case == "padded":        # 9 over 2, 13 over 3 (the sampler repeats samples), 5 over 1
         return 4 * world + 1, sampled(4 * world + 1, shuffle=True)
     if case == "uneven":        # a rank with none, and samples evaluated twice on one rank
         shares = {1: [[0, 1, 2, 3, 4, 5, 6, 0, 1]], 2: [[], [0, 1, 2, 3, 4, 5, 6, 3, 3]],
@@ -555,8 +555,8 @@ def lesson9_case(case, world):
 
 def lesson9_truth(case, length):
     """Whether the model got each sample right: the same on every rank (the same weights).
-    The samples the sampler repeats first (0, 1 unshuffled) are right, so counting them
-    twice shows."""
+    In the uneven case and group 1 the samples given twice (0 to 3) are right, so counting
+    them twice shows; in the padded cases the repeated samples move the accuracy too."""
     g = torch.Generator().manual_seed(sum(map(ord, case)))
     truth = torch.rand(length, generator=g) < 0.45
     if case in ("uneven", "group1"):

@@ -92,7 +92,8 @@ def test_identity_of_nested_launchers_is_the_innermost(ex):
     under_srun = {**TORCHRUN, "SLURM_PROCID": "1", "SLURM_LOCALID": "0", "SLURM_NTASKS": "2",
                   "SLURM_NODEID": "1"}
     assert ex.identity_from_launcher(under_srun) == who(5, 1, 1, 8)
-    # the Trainer inside a SLURM allocation, started by python on the batch node
+    # the Trainer started by python in an interactive SLURM shell (srun --pty bash), where
+    # Lightning's own launcher runs
     lightning_in_slurm = {**LIGHTNING, "SLURM_PROCID": "0", "SLURM_LOCALID": "0",
                           "SLURM_NTASKS": "1", "SLURM_NODEID": "0"}
     assert ex.identity_from_launcher(lightning_in_slurm, devices_per_node=3) == who(7, 1, 2, 9)
