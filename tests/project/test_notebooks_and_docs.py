@@ -12,7 +12,7 @@ from ddpcourse.course.lessons import figure_functions, write_figures
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 # Notebook 9 needs lesson 9's libraries and runs for a minute or two: tests/lesson9
 # (`make test-lesson9`) runs it, outside `make test` and its five minutes.
-IN_MAKE_TEST = [p for p in NOTEBOOKS if p.name != "lesson9.ipynb"]
+WITHOUT_LIBRARIES = [p for p in NOTEBOOKS if p.name != "lesson9.ipynb"]
 READINGS = sorted((ROOT / "lessons").glob("lesson*/*.md")) + [ROOT / "README.md"]
 
 
@@ -25,8 +25,9 @@ def test_notebook_is_committed_without_outputs(path):
 
 
 @pytest.mark.slow
+@pytest.mark.notebook
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("path", IN_MAKE_TEST, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", WITHOUT_LIBRARIES, ids=lambda p: p.name)
 def test_notebook_runs_from_top_to_bottom(path):
     import nbformat
     from nbclient import NotebookClient
