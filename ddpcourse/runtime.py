@@ -88,3 +88,14 @@ def fail(message: str) -> NoReturn:
     """
     rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else None
     exit_after_rank_0(f"error: {message}", 1, rank)
+
+
+def end_with_rank_0s_verdict(failed: bool, device) -> None:
+    """End an experiment's job with rank 0's verdict on every rank: rank 0 compared the run
+    with its prediction, and if it `failed`, every rank exits with status 1 (so torchrun, make
+    and the tests see the failure); the default process group is destroyed either way."""
+    status = torch.tensor([int(bool(failed))], dtype=torch.int32, device=device)
+    dist.broadcast(status, src=0)
+    dist.destroy_process_group()
+    if status.item():
+        raise SystemExit(1)

@@ -33,7 +33,12 @@ from torch.distributed.distributed_c10d import C10DBackend
 
 from ddpcourse.cli import ArgumentParser
 from ddpcourse.report import format_table, summary_line
-from ddpcourse.runtime import fail, pick_device, world_of_one_unless_launched
+from ddpcourse.runtime import (
+    end_with_rank_0s_verdict,
+    fail,
+    pick_device,
+    world_of_one_unless_launched,
+)
 
 
 def parse_args():
@@ -169,11 +174,7 @@ def main():
                            meshes="+".join("x".join(map(str, s)) for s, _, _ in results),
                            groups_match=matched, backend=backend,
                            wall_s=round(time.perf_counter() - started, 2)))
-    status = torch.tensor([rank == 0 and not matched], dtype=torch.int32, device=device)
-    dist.broadcast(status, src=0)
-    dist.destroy_process_group()
-    if status.item():
-        raise SystemExit(1)
+    end_with_rank_0s_verdict(rank == 0 and not matched, device)
 
 
 if __name__ == "__main__":

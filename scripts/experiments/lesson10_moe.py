@@ -42,7 +42,12 @@ from torch.profiler import ProfilerActivity, profile
 
 from ddpcourse.cli import ArgumentParser
 from ddpcourse.report import format_table, summary_line
-from ddpcourse.runtime import fail, pick_device, world_of_one_unless_launched
+from ddpcourse.runtime import (
+    end_with_rank_0s_verdict,
+    fail,
+    pick_device,
+    world_of_one_unless_launched,
+)
 
 FLOAT_BYTES = 4  # float32
 
@@ -289,11 +294,7 @@ def main():
                            imbalance=round(max(load) / mean, 2), backend=backend,
                            wall_s=round(time.perf_counter() - started, 2)))
         failed = not (same and as_predicted)
-    status = torch.tensor([failed], dtype=torch.int32, device=device)
-    dist.broadcast(status, src=0)
-    dist.destroy_process_group()
-    if status.item():
-        raise SystemExit(1)
+    end_with_rank_0s_verdict(failed, device)
 
 
 if __name__ == "__main__":

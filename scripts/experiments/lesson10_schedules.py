@@ -57,7 +57,12 @@ from torch.distributed.pipelining import (
 
 from ddpcourse.cli import ArgumentParser
 from ddpcourse.report import format_table, summary_line
-from ddpcourse.runtime import fail, pick_device, world_of_one_unless_launched
+from ddpcourse.runtime import (
+    end_with_rank_0s_verdict,
+    fail,
+    pick_device,
+    world_of_one_unless_launched,
+)
 
 SCHEDULES = {  # name: (torch's class, stages per rank v, how the stages are dealt to the ranks)
     "gpipe": (ScheduleGPipe, 1, "loop"),
@@ -409,11 +414,7 @@ def main():
                            held_as_predicted=held_ok, **facts, backend=backend,
                            wall_s=round(time.perf_counter() - started, 2)))
         failed = not (same and held_ok)
-    status = torch.tensor([failed], dtype=torch.int32, device=device)
-    dist.broadcast(status, src=0)
-    dist.destroy_process_group()
-    if status.item():
-        raise SystemExit(1)
+    end_with_rank_0s_verdict(failed, device)
 
 
 if __name__ == "__main__":

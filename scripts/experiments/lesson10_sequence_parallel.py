@@ -42,7 +42,12 @@ from torch.distributed.tensor.parallel import (
 
 from ddpcourse.cli import ArgumentParser
 from ddpcourse.report import format_table, summary_line
-from ddpcourse.runtime import fail, pick_device, world_of_one_unless_launched
+from ddpcourse.runtime import (
+    end_with_rank_0s_verdict,
+    fail,
+    pick_device,
+    world_of_one_unless_launched,
+)
 from ddpcourse.scripts import import_script
 
 mesh_groups = import_script("experiments/lesson10_mesh", "mesh_groups")
@@ -268,12 +273,7 @@ def main():
                            memory_saved=kept[0], predicted_saving=plain - split,
                            backend=backend,
                            wall_s=round(time.perf_counter() - started, 2)))
-    status = torch.tensor([rank == 0 and (worst > args.tolerance or not agree)],
-                          dtype=torch.int32, device=device)
-    dist.broadcast(status, src=0)
-    dist.destroy_process_group()
-    if status.item():
-        raise SystemExit(1)
+    end_with_rank_0s_verdict(rank == 0 and (worst > args.tolerance or not agree), device)
 
 
 if __name__ == "__main__":

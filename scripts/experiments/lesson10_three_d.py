@@ -74,7 +74,12 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, 
 
 from ddpcourse.cli import ArgumentParser
 from ddpcourse.report import format_table, summary_line
-from ddpcourse.runtime import fail, pick_device, world_of_one_unless_launched
+from ddpcourse.runtime import (
+    end_with_rank_0s_verdict,
+    fail,
+    pick_device,
+    world_of_one_unless_launched,
+)
 from ddpcourse.scripts import import_script
 from ddpcourse.sharding import OPTIMIZER_BUFFERS, held_bytes
 from ddpcourse.sharding import predict as predict_memory
@@ -484,12 +489,8 @@ def main():
                            **{f"{d}_sent_per_step": traffic[d] for d in DIMENSIONS},
                            step_s=round(step_s, 3), backend=backend,
                            wall_s=round(time.perf_counter() - started, 2)))
-    status = torch.tensor([rank == 0 and (worst > args.tolerance or not agree or not memory_ok)],
-                          dtype=torch.int32, device=device)
-    dist.broadcast(status, src=0)
-    dist.destroy_process_group()
-    if status.item():
-        raise SystemExit(1)
+    end_with_rank_0s_verdict(
+        rank == 0 and (worst > args.tolerance or not agree or not memory_ok), device)
 
 
 if __name__ == "__main__":

@@ -52,7 +52,12 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from ddpcourse.cli import ArgumentParser
 from ddpcourse.report import format_table, summary_line
-from ddpcourse.runtime import fail, pick_device, world_of_one_unless_launched
+from ddpcourse.runtime import (
+    end_with_rank_0s_verdict,
+    fail,
+    pick_device,
+    world_of_one_unless_launched,
+)
 from ddpcourse.scripts import import_script
 
 grid, mesh_groups = import_script("experiments/lesson10_mesh", "grid", "mesh_groups")
@@ -378,12 +383,7 @@ def main():
         print(summary_line(world_size=world_size, mesh=f"{dp}x{tp}", max_diff=worst,
                            same_as_one_process=same, collectives_as_predicted=agree,
                            backend=backend, wall_s=round(time.perf_counter() - started, 2)))
-    status = torch.tensor([rank == 0 and (worst > args.tolerance or not agree)],
-                          dtype=torch.int32, device=device)
-    dist.broadcast(status, src=0)
-    dist.destroy_process_group()
-    if status.item():
-        raise SystemExit(1)
+    end_with_rank_0s_verdict(rank == 0 and (worst > args.tolerance or not agree), device)
 
 
 if __name__ == "__main__":

@@ -36,7 +36,12 @@ from ddpcourse.cli import ArgumentParser, split_batch
 from ddpcourse.data import NUM_CLASSES, load_datasets
 from ddpcourse.models import create_model
 from ddpcourse.report import format_table, summary_line
-from ddpcourse.runtime import fail, pick_device, world_of_one_unless_launched
+from ddpcourse.runtime import (
+    end_with_rank_0s_verdict,
+    fail,
+    pick_device,
+    world_of_one_unless_launched,
+)
 from ddpcourse.scripts import import_script
 from ddpcourse.sharding import (
     blocks,
@@ -231,11 +236,7 @@ def main():
         failed = not (same and agree)
     else:
         failed = False
-    status = torch.tensor([failed], dtype=torch.int32, device=device)
-    dist.broadcast(status, src=0)  # every rank exits as rank 0 does
-    dist.destroy_process_group()
-    if status.item():
-        raise SystemExit(1)
+    end_with_rank_0s_verdict(failed, device)  # every rank exits as rank 0 does
 
 
 if __name__ == "__main__":

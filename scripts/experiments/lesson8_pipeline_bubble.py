@@ -29,7 +29,12 @@ from torch.utils.data import DataLoader
 from ddpcourse.cli import ArgumentParser
 from ddpcourse.data import NUM_CLASSES, load_datasets
 from ddpcourse.report import format_table, summary_line
-from ddpcourse.runtime import fail, pick_device, world_of_one_unless_launched
+from ddpcourse.runtime import (
+    end_with_rank_0s_verdict,
+    fail,
+    pick_device,
+    world_of_one_unless_launched,
+)
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
 
@@ -276,11 +281,7 @@ def main():
         failed = not same
     else:
         failed = False
-    status = torch.tensor([failed], dtype=torch.int32, device=device)
-    dist.broadcast(status, src=0)
-    dist.destroy_process_group()
-    if status.item():
-        raise SystemExit(1)
+    end_with_rank_0s_verdict(failed, device)
 
 
 if __name__ == "__main__":

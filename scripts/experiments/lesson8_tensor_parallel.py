@@ -36,7 +36,12 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, 
 from ddpcourse.cli import ArgumentParser
 from ddpcourse.data import NUM_CLASSES, load_datasets
 from ddpcourse.report import summary_line
-from ddpcourse.runtime import fail, pick_device, world_of_one_unless_launched
+from ddpcourse.runtime import (
+    end_with_rank_0s_verdict,
+    fail,
+    pick_device,
+    world_of_one_unless_launched,
+)
 from ddpcourse.sharding import collectives
 
 
@@ -197,12 +202,7 @@ def main():
         print(summary_line(world_size=world_size, hidden=args.hidden, same_as_dense=same,
                            max_diff=worst, backend=backend,
                            wall_s=round(time.perf_counter() - started, 2)))
-    status = torch.tensor([rank == 0 and worst > args.tolerance], dtype=torch.int32,
-                          device=device)
-    dist.broadcast(status, src=0)
-    dist.destroy_process_group()
-    if status.item():
-        raise SystemExit(1)
+    end_with_rank_0s_verdict(rank == 0 and worst > args.tolerance, device)
 
 
 if __name__ == "__main__":
