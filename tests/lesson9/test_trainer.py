@@ -80,8 +80,8 @@ def test_every_strategy_makes_its_ranks_from_node_rank_devices_and_local_rank(ru
     assert nodes["measured"] == "env RANK=-,- NODE_RANK=0,1 LOCAL_RANK=0,0"
     seconds = {name: float(row["trainer s"]) for name, row in rows.items()}
     assert all(float(row["launch s"]) >= seconds[name] > 0 for name, row in rows.items())
-    # A fork starts no interpreter; ddp and ddp_spawn wait for one to import torch.
-    assert seconds["ddp_fork"] < min(seconds["ddp, started by python"], seconds["ddp_spawn"])
+    # (That a fork, which starts no interpreter, is the fastest is printed, not asserted:
+    # timing on a shared machine is noise.)
 
 
 @pytest.mark.timeout(450)
