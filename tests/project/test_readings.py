@@ -111,14 +111,15 @@ def test_the_check_refuses_an_unsourced_measurement(text, bad):
 
 
 def test_the_pages_name_only_make_targets_that_exist():
-    """Lessons 5-8's pages, where a make target stands for the run that made a figure."""
+    """Lessons 5-9's pages, where a make target stands for the run that made a figure."""
     makefile = (ROOT / "Makefile").read_text()
     own = set(re.findall(r"^([a-z][\w-]*):", makefile, re.M))
     wrong = sorted({f"{where}: make {target}" for where, markdown in sources()
                     if where.startswith(("lessons/lesson5", "lessons/lesson6", "lessons/lesson7",
-                                         "lessons/lesson8", "lessons/appendix",
-                                         "notebooks/lesson5", "notebooks/lesson6",
-                                         "notebooks/lesson7", "notebooks/lesson8"))
+                                         "lessons/lesson8", "lessons/lesson9",
+                                         "lessons/appendix", "notebooks/lesson5",
+                                         "notebooks/lesson6", "notebooks/lesson7",
+                                         "notebooks/lesson8", "notebooks/lesson9"))
                     for target in MAKE_COMMAND.findall(markdown)
                     if target not in TARGETS | own | {"lessonN"}})
     assert not wrong, "pages name make targets that do not exist:\n" + "\n".join(wrong)
@@ -130,3 +131,12 @@ def test_a_lesson_s_reading_is_at_most_400_lines(reading):
     # The course's contract: a reading a student gets through in one sitting; side pages
     # (at_scale.md, preemption.md, the appendix) take the rest.
     assert len(reading.read_text().splitlines()) <= 400
+
+
+def test_no_page_shows_a_path_of_the_machine_it_was_written_on():
+    """Output pasted into a page names the course's files relative to it (`.venv/bin/torchrun`,
+    `runs/x.pt`), never where the author's checkout happened to be."""
+    absolute = re.compile(r"(?<![\w.~])/(?:work|home|root|tmp|Users)/\S*(?:\.venv|scripts|runs)/")
+    shown = [f"{where}: {line.strip()[:120]}" for where, markdown in sources()
+             for line in markdown.splitlines() if absolute.search(line)]
+    assert not shown, "pages show a build machine's paths:\n" + "\n".join(shown)
