@@ -29,7 +29,7 @@ OPTS    := --nproc '$(NPROC)' --nnodes '$(NNODES)' --port '$(PORT)' --timeout '$
 # Checks NPROC/NNODES/PORT with the system Python before anything is installed or started.
 CHECK   := $(PYTHON) -m ddpcourse.cluster.launch --check $(OPTS)
 
-.PHONY: help setup setup-lesson9 bench test test-busy test-fast test-notebooks test-lesson9 lint grade grade-class notebooks site site-test figures \
+.PHONY: help setup setup-lesson9 bench test test-busy test-fast test-notebooks test-lesson9 test-lesson10 lint grade grade-class notebooks site site-test figures \
         student-release gradescope classroom-workflow clean
 
 help: ## list the targets
@@ -81,10 +81,15 @@ bench: $(BENCH_TARGETS) ## every lesson's benchmark
 TEST_WORKERS ?= 3
 test: setup ## lint, then the test suite (solutions full marks, stubs zero, every script and drill)
 	$(VPY) -m ruff check .
-	$(VPY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=15 -m "not notebook"
+	$(VPY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=15 \
+		-m "not notebook and not lesson10"
 
 test-notebooks: setup ## execute the notebooks of lessons 1-8 top to bottom (notebook 9: test-lesson9)
 	$(VPY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m notebook
+
+# Lesson 10, being built: its experiments and first steps against one process (about 25 s).
+test-lesson10: setup ## lesson 10's experiments and steps (every parallelism, equal to one process)
+	$(VPY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m lesson10
 
 # The suite on a loaded machine: one spinning process per core beside it, as on a busy laptop.
 test-busy: setup ## make test with every core kept busy by another program

@@ -19,6 +19,10 @@ from util import PYTHON, ROOT, run, summary
 from ddpcourse.cluster.launch import launch
 from ddpcourse.report import parse_table
 
+# Lesson 10 is not a lesson yet: its tests run in `make test-lesson10` (CI too), outside
+# `make test` and its five minutes, until it is registered and fits them.
+pytestmark = pytest.mark.lesson10
+
 MESH = "scripts/experiments/lesson10_mesh.py"
 TWO_D = "scripts/experiments/lesson10_two_d.py"
 SEQUENCE = "scripts/experiments/lesson10_sequence_parallel.py"

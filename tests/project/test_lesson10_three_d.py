@@ -20,6 +20,10 @@ from util import ROOT, summary
 from ddpcourse.cluster.launch import launch
 from ddpcourse.report import parse_table
 
+# Lesson 10 is not a lesson yet: its tests run in `make test-lesson10` (CI too), outside
+# `make test` and its five minutes, until it is registered and fits them.
+pytestmark = pytest.mark.lesson10
+
 SCRIPT = "scripts/experiments/lesson10_three_d.py"
 WORLD = 8
 TOLERANCE = 1e-5
