@@ -28,7 +28,7 @@ from torch.distributed.checkpoint.state_dict import (
     get_state_dict,
     set_state_dict,
 )
-from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import fully_shard
 from torch.utils.data import DataLoader, DistributedSampler, Subset
 
@@ -125,9 +125,10 @@ def main():
     # and freed after; the root unit holds the rest (stem, head). Every parameter becomes a
     # DTensor of which this rank keeps a 1/W piece. Unlike DDP, fully_shard copies nothing
     # from rank 0: the seed above gave every rank the same weights.
-    # The mesh gets a group of its own: DTensor keeps meshes until the process ends, and one on
-    # the world group would keep destroy_process_group from ending it (gloo aborts at exit).
-    mesh = init_device_mesh(device.type, (world_size,), backend_override={0: backend})
+    # A group of its own for the mesh (DTensor keeps meshes to the end: on the world group gloo
+    # aborts at exit), with the timeout, which init_device_mesh would not give it (30 min).
+    mesh = DeviceMesh.from_group(dist.new_group(timeout=timedelta(seconds=args.timeout)),
+                                 device.type)
     for block in blocks(model):
         fully_shard(block, mesh=mesh)
     fully_shard(model, mesh=mesh)

@@ -26,7 +26,7 @@ os.environ.setdefault("TORCH_FR_BUFFER_SIZE", "2000")  # the flight recorder cou
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -172,7 +172,8 @@ def main():
 
     # FSDP's mesh: all ranks, in a group of their own, as in lesson8_fsdp.py. DTensor's caches
     # keep a mesh, and its group, until the process ends; the world group must end cleanly.
-    mesh = init_device_mesh(device.type, (world_size,), backend_override={0: backend})
+    mesh = DeviceMesh.from_group(dist.new_group(timeout=timedelta(seconds=args.timeout)),
+                                 device.type)
     runs = {}
     for strategy in ("ddp", "zero", "fsdp"):
         runs[strategy] = train(strategy, args, batches, device, local_rank, mesh, lr)

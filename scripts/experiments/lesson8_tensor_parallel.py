@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Shard, distribute_tensor
 from torch.distributed.tensor.debug import CommDebugMode
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
@@ -97,8 +97,8 @@ def main():
     dist.init_process_group(backend, timeout=timedelta(seconds=args.timeout))
     # One dimension, all ranks: the group the split layers talk over.
     # A group of its own for the mesh, as in lesson8_fsdp.py: DTensor keeps meshes until exit.
-    mesh = init_device_mesh(device.type, (world_size,), mesh_dim_names=("tp",),
-                            backend_override={"tp": backend})
+    mesh = DeviceMesh.from_group(dist.new_group(timeout=timedelta(seconds=args.timeout)),
+                                 device.type, mesh_dim_names=("tp",))
 
     train_set, _ = load_datasets("digits")
     in_features, classes = train_set[0][0].numel(), NUM_CLASSES["digits"]
