@@ -4,10 +4,8 @@
     python scripts/lesson9_lightning.py --devices 2     # the Trainer starts the other process
     torchrun --nproc-per-node=2 scripts/lesson9_lightning.py   # or torchrun starts both
 
-The Trainer starts the processes (this script again, LOCAL_RANK set) or finds torchrun's,
-calls init_process_group, wraps the model in DDP and loops: over the epochs, calling the
-sampler's set_epoch, and over the batches, calling zero_grad, backward and step. Lesson 3's
-model, loss, optimizer and sampler stay; the rest of its loop becomes what the Trainer calls:
+The Trainer starts the processes, calls init_process_group, wraps the model in DDP and loops;
+lesson 3's model, loss, optimizer and sampler stay, its loop becomes what the Trainer calls:
     diff scripts/lesson3_ddp.py scripts/lesson9_lightning.py
 """
 
@@ -92,8 +90,7 @@ def main():
                         strategy=DDPStrategy(timeout=timedelta(seconds=args.timeout)),
                         use_distributed_sampler=False,  # keep lesson 3's sampler, seed and all
                         logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                        enable_model_summary=False)
-    # Known before fit() starts the processes (from LOCAL_RANK, NODE_RANK or torchrun's RANK).
+                        enable_model_summary=False)  # the ranks are known before fit()
     rank = trainer.global_rank        # this process, 0 .. world_size - 1
     local_rank = trainer.local_rank   # its number on this node: picks the GPU
     world_size = trainer.world_size   # processes in the job
@@ -133,9 +130,7 @@ def main():
     train_loss = val_acc = float("nan")
     train_seconds = trained = 0
     tick = stats = None  # the epoch's start and running sums
-
-    # Lesson 3's loop, cut where the Trainer calls in: the start of an epoch, a step (the
-    # LightningModule's training_step) and the end of an epoch, in every process.
+    # Lesson 3's loop, cut where the Trainer calls in: an epoch's start, a step, its end.
     def start_epoch():
         nonlocal tick, stats
         model.train()
@@ -190,9 +185,7 @@ def main():
                   f"train acc {correct / seen:.3f}  val acc {val_acc:.3f} "
                   f"({int(val_seen)} images)  {time.perf_counter() - tick:.1f} s")
 
-    # Starts the processes, calls init_process_group (gloo, or nccl on GPUs) and runs the epochs
-    # through DDP, which copies rank 0's weights everywhere, then averages gradients.
-    trainer.fit(Lesson3())
+    trainer.fit(Lesson3())  # processes, init_process_group, DDP (rank 0's weights), the epochs
 
     if rank == 0:  # one checkpoint, written once: every rank holds the same weights
         os.makedirs(os.path.dirname(args.checkpoint) or ".", exist_ok=True)

@@ -2,7 +2,7 @@
 
     torchrun --nproc-per-node=4 scripts/experiments/lesson10_schedules.py
 
-Lesson 8 (scripts/experiments/lesson8_pipeline_bubble.py) measured GPipe and 1F1B, one stage
+Lesson 8's bubble experiment measured GPipe and 1F1B, one stage
 per process. torch.distributed.pipelining has more schedules; this runs six of them on the
 same model, S = W processes, M micro-batches per step:
 
