@@ -133,7 +133,8 @@ def main():
             path = Path(folder, f"{len(rows)}.jsonl")
             env = dict(os.environ, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1",
                        **{REPORT: str(path)}, **more)
-            # A session of its own, killed whole on time out: the workers it started too.
+            # A session of its own, killed whole on time out: the workers it started too. (Not
+            # run_commands: the table needs the launcher's pid, to name each worker's parent.)
             launcher = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                                         stderr=subprocess.STDOUT, text=True,
                                         start_new_session=True)
