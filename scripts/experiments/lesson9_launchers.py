@@ -73,6 +73,13 @@ def as_worker(kind: str, extra_args: list[str]) -> None:
                   enable_model_summary=False).fit(Probe())
     else:  # torchrun, accelerate launch, deepspeed: the launcher set everything
         report(kind, extra_args)
+    import torch.distributed as dist
+
+    # Lightning destroys its group at exit under nccl only: a gloo group left to the
+    # interpreter's end can abort a finished worker ("terminate called without an active
+    # exception").
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def dask_workers(env: dict) -> None:

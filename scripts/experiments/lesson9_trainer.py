@@ -32,6 +32,7 @@ made from those reports, never typed.
     (/proc/self/pagemap) until the child writes to them (copy on write).
 """
 
+import atexit
 import json
 import os
 import struct
@@ -65,6 +66,10 @@ START_METHODS = {"ddp": "popen", "ddp_spawn": "spawn", "ddp_fork": "fork"}
 QUIET = dict(logger=False, enable_checkpointing=False, enable_progress_bar=False,
              enable_model_summary=False)
 MB = 2**20
+# Lightning destroys its process group at exit under nccl only (fabric/utilities/distributed.py):
+# a gloo group left to the interpreter's end can abort a finished rank with "terminate called
+# without an active exception". Every process of this file, children included, destroys it.
+atexit.register(lambda: dist.is_initialized() and dist.destroy_process_group())
 BUILT_IN_PID = None  # the process that built (e)'s dataset; a forked child inherits the value
 
 
