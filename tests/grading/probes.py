@@ -641,3 +641,91 @@ def sharded_epochs(ex, spec, rank, world, seed=0, epochs=2):
     return {"read": read, "is_loader": isinstance(loader, torch.utils.data.DataLoader),
             "set_epoch": hasattr(sampler, "set_epoch"),
             "num_workers": getattr(loader, "num_workers", None)}
+
+
+# --- lesson 10 -------------------------------------------------------------------------------
+
+LESSON10_BLOCK = 3                  # positions of the sequence per rank (ring attention)
+LESSON10_SHAPE = (2, 2, 4)          # batch, heads, head_dim
+LESSON10_FEATURES = (4, 3)          # an expert: Linear(4, 3)
+
+
+def lesson10_sub_groups(world):
+    """The sub-groups of the ring and MoE group checks: global rank 0 alone, and the others,
+    whose group ranks are their global ranks minus one."""
+    return [[0], list(range(1, world))]
+
+
+def lesson10_attention(case, world):
+    """(Q, K, V) of a whole sequence of LESSON10_BLOCK x world positions; group rank r of the
+    check holds positions r x block to (r + 1) x block - 1 of each. "large": scores in the
+    hundreds, whose exponentials overflow float32 unless shifted by their maximum."""
+    g = torch.Generator().manual_seed(1000 * world + sum(map(ord, case)))
+    batch, heads, dim = LESSON10_SHAPE
+    q, k, v = (torch.randn(batch, heads, LESSON10_BLOCK * world, dim, generator=g)
+               for _ in range(3))
+    if case == "large":
+        q, k = q * 12, k * 12
+    return q, k, v
+
+
+def lesson10_block(tensor, rank):
+    return tensor[..., rank * LESSON10_BLOCK:(rank + 1) * LESSON10_BLOCK, :].contiguous()
+
+
+def lesson10_experts(world):
+    """The E = 2 x world experts of a MoE check, in expert order (the judge builds the same)."""
+    with torch.random.fork_rng():
+        torch.manual_seed(77 + world)
+        return [nn.Linear(*LESSON10_FEATURES) for _ in range(2 * world)]
+
+
+def lesson10_tokens(case, world):
+    """Every rank's (tokens, expert ids, the probe its output is multiplied by for backward):
+    uneven counts per rank; "uneven": rank 0 sends everything to the last expert and expert 1
+    gets nothing; "empty": rank 1 has no tokens at all and only the first and last experts
+    get any."""
+    g = torch.Generator().manual_seed(500 + 10 * world + len(case))
+    experts, d_in, d_out = 2 * world, *LESSON10_FEATURES
+    shares = []
+    for rank in range(world):
+        count = 0 if case == "empty" and rank == 1 else 3 + 2 * rank
+        if case == "empty":
+            ids = torch.where(torch.rand(count, generator=g) < 0.5, 0, experts - 1)
+        elif rank == 0:
+            ids = torch.full((count,), experts - 1)
+        else:
+            ids = torch.randint(0, experts - 1, (count,), generator=g)
+            ids = torch.where(ids == 1, experts - 1, ids)
+        shares.append((torch.randn(count, d_in, generator=g), ids.long(),
+                       torch.randn(count, d_out, generator=g)))
+    return shares
+
+
+def lesson10_alone(ex, which):
+    """ring_attention and moe_dispatch in the sandbox's world of one: what each returns."""
+    from datetime import timedelta
+
+    if which == "mesh":
+        groups = ex.mesh_groups((1, 1), ("dp", "tp"), timedelta(seconds=20))
+        return {name: dist.get_process_group_ranks(group) for name, group in groups.items()}
+    if which in ("plain", "causal"):
+        q, k, v = lesson10_attention(which, 1)
+        return ex.ring_attention(q, k, v, causal=which == "causal")
+    if which == "refused":
+        q, k, v = lesson10_attention("plain", 1)
+        try:
+            ex.ring_attention(q, k[..., :2, :], v)
+        except ValueError as error:
+            return f"ValueError: {error}"[:300]
+        return None
+    experts = lesson10_experts(1)
+    tokens, ids, probe = lesson10_tokens("uneven", 1)[0]
+    tokens.requires_grad_()
+    out = ex.moe_dispatch(tokens, ids, experts, len(experts))
+    try:
+        (out * probe).sum().backward()
+    except RuntimeError:  # not differentiable: the gradients stay None
+        pass
+    return {"out": out.detach(), "tokens": tokens.grad,
+            "experts": [[p.grad for p in e.parameters()] for e in experts]}

@@ -1,0 +1,505 @@
+"""Grading tests for lesson 10. mesh_coordinates is called here on 1-, 2- and 3-D shapes and
+edge inputs; mesh_groups, ring_attention and moe_dispatch run in torchrun jobs of 3 and 4
+processes (workers/lesson10_parallel.py), in the world and in sub-groups whose group ranks are
+not global ranks, and in the sandbox's world of one. The references (whole attention, every
+expert in one process, the groups of a row-major mesh) are computed here; most points need
+the mechanism as well as the result: the groups' timeout, a ring of messages and no
+collective, the causal blocks skipped, all-to-all carrying only the rows that move."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from jobs import Job, graded, judge_once, judged, verdict
+from probes import (
+    LESSON10_BLOCK,
+    LESSON10_SHAPE,
+    lesson10_attention,
+    lesson10_block,
+    lesson10_experts,
+    lesson10_sub_groups,
+    lesson10_tokens,
+)
+
+# world size -> its job
+JOBS = {w: Job(f"lesson10_W{w}", "lesson10_parallel.py", nproc=w, timeout=200) for w in (3, 4)}
+MESH_TIMEOUT_S = 17.0  # what the worker asks mesh_groups for (workers/lesson10_parallel.py)
+NAMES = {2: ("dp", "tp"), 3: ("pp", "dp", "tp")}
+MESHES = {"mesh_2d": {3: [(3, 1), (1, 3)], 4: [(2, 2)]},
+          "mesh_3d": {3: [(1, 3, 1)], 4: [(2, 1, 2)]}}
+ALL_TO_ALL = {"c10d::alltoall_base_", "c10d::alltoall_", "_c10d_functional::all_to_all_single",
+              "c10d_functional::all_to_all_single",
+              "_c10d_functional_autograd::all_to_all_single"}
+
+
+@pytest.fixture(scope="module")
+def ex():
+    yield from graded(10)
+
+
+@pytest.fixture(autouse=True)
+def ready_made_answers_refused(ex):
+    """The course's experiments hold a working mesh, ring and all-to-all: the helper that
+    loads a script's names raises while the graded code runs."""
+    refused = [("ddpcourse.scripts", "import_script",
+                "the course's own scripts are a ready-made answer: write this one yourself")]
+    with ex.options(refuse=refused):
+        yield
+
+
+def one_line_value_error(call, *args, **kwargs):
+    with pytest.raises(ValueError) as refused:
+        call(*args, **kwargs)
+    assert "\n" not in str(refused.value).strip(), (args, kwargs, str(refused.value))
+
+
+def job(world_size, verdicts):
+    return judged(JOBS[world_size], verdicts)
+
+
+def assert_ok(world_size, name, verdicts):
+    line = verdict(job(world_size, verdicts), name)
+    assert line == f"{name}: ok on {world_size} ranks", line
+
+
+# --- l10_mesh_groups -----------------------------------------------------------------------
+
+def row_major(rank, shape):
+    return tuple((rank // math.prod(shape[d + 1:])) % shape[d] for d in range(len(shape)))
+
+
+def mesh_group(rank, shape, dim):
+    """The global ranks that differ from `rank` in dimension `dim` only."""
+    mine = row_major(rank, shape)
+    return [r for r in range(math.prod(shape))
+            if all(c == m for d, (c, m) in enumerate(zip(row_major(r, shape), mine,
+                                                         strict=True)) if d != dim)]
+
+
+@pytest.mark.l10_mesh_groups
+@pytest.mark.points(2)
+def test_mesh_coordinates_are_row_major(ex):
+    assert ex.mesh_coordinates(4, (2, 3)) == (1, 1)
+    assert ex.mesh_coordinates(5, (2, 2, 2)) == (1, 0, 1)
+    for shape in ((4,), (1,), (2, 3), (3, 2), (1, 4), (4, 1), (2, 1, 3), (3, 1, 1, 2),
+                  (2, 2, 2)):
+        got = [ex.mesh_coordinates(r, shape) for r in range(math.prod(shape))]
+        want = [row_major(r, shape) for r in range(math.prod(shape))]
+        assert got == want, (shape, got)
+        assert all(type(c) is tuple and all(type(i) is int for i in c) for c in got), got
+
+
+@pytest.mark.l10_mesh_groups
+@pytest.mark.points(1)
+def test_mesh_coordinates_refuse_what_is_no_mesh(ex):
+    assert ex.mesh_coordinates(3, (2, 2)) == (1, 1)  # a right answer first
+    for rank, shape in ((4, (2, 2)), (-1, (2, 2)), (0, ()), (0, (2, 0)), (0, (-2, 2)),
+                        (8, (2, 1, 2))):
+        one_line_value_error(ex.mesh_coordinates, rank, shape)
+
+
+def judge_meshes(kind):
+    """(groups problems, timeout problems): the ranks of each group, then its timeout."""
+    def judge(seen):
+        world = len(seen)
+        wrong, slow = [], []
+        for rank, per_shape in enumerate(seen):
+            for shape, mine in zip(MESHES[kind][world], per_shape, strict=True):
+                names = NAMES[len(shape)]
+                if mine["names"] != sorted(names):
+                    wrong.append(f"{shape}: rank {rank} got groups named {mine['names']}")
+                    continue
+                for dim, name in enumerate(names):
+                    want = mesh_group(rank, shape, dim)
+                    got = mine[name]
+                    if sorted(got["ranks"]) != want:
+                        wrong.append(f"{shape}: rank {rank}'s {name} group is {got['ranks']}, "
+                                     f"not {want}")
+                    elif got["sum"] is not None and got["sum"] != sum(2 ** r for r in want):
+                        wrong.append(f"{shape}: an all_reduce over rank {rank}'s {name} group "
+                                     f"reached the ranks of {got['sum']:b} (binary), not {want}")
+                    if got["timeout"] != MESH_TIMEOUT_S:
+                        slow.append(f"{shape}: rank {rank}'s {name} group waits "
+                                    f"{got['timeout']} s, not the {MESH_TIMEOUT_S:g} s asked")
+        return wrong, slow
+    return judge_once(judge)
+
+
+def mesh_verdicts():
+    two, three = judge_meshes("mesh_2d"), judge_meshes("mesh_3d")
+    return {"mesh_2d": ("mesh_2d", lambda seen: (two(seen)[0], "")),
+            "mesh_3d": ("mesh_3d", lambda seen: (three(seen)[0], "")),
+            "mesh_timeout_2d": ("mesh_2d", lambda seen: (two(seen)[0] or two(seen)[1], "")),
+            "mesh_timeout_3d": ("mesh_3d", lambda seen: (three(seen)[0] or three(seen)[1], "")),
+            "mesh_refused": ("mesh_refused", judge_mesh_refused)}
+
+
+def judge_mesh_refused(seen):
+    world = len(seen)
+    problems = []
+    shape = MESHES["mesh_2d"][world][0]
+    for rank, mine in enumerate(seen):
+        first = mine["first"]
+        if first["names"] != ["dp", "tp"] or any(
+                sorted(first[n]["ranks"]) != mesh_group(rank, shape, d)
+                for d, n in enumerate(("dp", "tp"))):
+            problems.append(f"rank {rank}: the right mesh {shape} first came out wrong")
+        for what, tried in zip(("a shape of W + 1 ranks", "two names for one dimension",
+                                "a name twice"), mine["tries"], strict=True):
+            if not tried["raised"]:
+                problems.append(f"rank {rank}: {what} was not refused with a ValueError")
+            elif tried["groups_made"]:
+                problems.append(f"rank {rank}: {tried['groups_made']} group(s) made before "
+                                f"refusing {what}")
+    return problems, ""
+
+
+@pytest.mark.l10_mesh_groups
+@pytest.mark.points(1)
+@pytest.mark.parametrize("world_size", [3, 4])
+def test_mesh_groups_of_a_2d_mesh(ex, world_size):
+    """W = 3: (3, 1) and (1, 3), a dimension of one each way; W = 4: (2, 2)."""
+    assert_ok(world_size, "mesh_2d", mesh_verdicts())
+
+
+@pytest.mark.l10_mesh_groups
+@pytest.mark.points(1)
+def test_mesh_groups_of_a_3d_mesh(ex):
+    """(1, 3, 1) at W = 3 and (2, 1, 2) at W = 4: the strides of every dimension."""
+    for world_size in (3, 4):
+        assert_ok(world_size, "mesh_3d", mesh_verdicts())
+
+
+@pytest.mark.l10_mesh_groups
+@pytest.mark.points(1)
+def test_every_mesh_group_has_the_timeout_asked_for(ex):
+    """Made without it, a gloo group waits 30 minutes for a rank that never comes."""
+    for world_size in (3, 4):
+        for name in ("mesh_timeout_2d", "mesh_timeout_3d"):
+            assert_ok(world_size, name, mesh_verdicts())
+
+
+@pytest.mark.l10_mesh_groups
+@pytest.mark.points(1)
+def test_mesh_groups_alone_and_refusals_before_any_group(ex):
+    with ex.world_of_one():
+        assert ex.probe("lesson10_alone", "mesh") == {"dp": [0], "tp": [0]}
+    assert_ok(3, "mesh_refused", mesh_verdicts())
+
+
+# --- l10_ring_attention --------------------------------------------------------------------
+
+def attention(case, world, causal):
+    q, k, v = (t.double() for t in lesson10_attention(case, world))
+    return F.scaled_dot_product_attention(q, k, v, is_causal=causal).float()
+
+
+def close(got, want, case):
+    tolerance = 1e-3 if case == "large" else 2e-5
+    return isinstance(got, torch.Tensor) and got.shape == want.shape and \
+        got.dtype == want.dtype and torch.allclose(got, want, atol=tolerance, rtol=1e-4)
+
+
+def block_bytes():
+    batch, heads, dim = LESSON10_SHAPE
+    return batch * heads * LESSON10_BLOCK * dim * 4
+
+
+def ring_problems(mine, case, causal, rank, world, where):
+    """Output problems, then mechanism problems, of one rank's ring_call."""
+    want = lesson10_block(attention(case, world, causal), rank)
+    if mine["refused"]:
+        return [f"{where}: called {mine['refused'][0]}"], []
+    if not close(mine["out"], want, case):
+        return [f"{where}: the output differs from attention in one process"], []
+    sent = [m for m in mine["messages"] if m[0] == "send"]
+    received = [m for m in mine["messages"] if m[0] == "recv"]
+    mechanism = []
+    if world > 1:
+        if {m[1] for m in sent} != {(rank + 1) % world} or \
+                {m[1] for m in received} != {(rank - 1) % world}:
+            mechanism.append(f"{where}: sent to {sorted({m[1] for m in sent})} and received "
+                             f"from {sorted({m[1] for m in received})} (group ranks): a ring "
+                             f"sends to {(rank + 1) % world} and receives from "
+                             f"{(rank - 1) % world} only")
+        expected = 2 * (world - 1) * block_bytes()
+        for kind, moved in (("sent", sent), ("received", received)):
+            if sum(m[2] for m in moved) != expected:
+                mechanism.append(f"{where}: {kind} {sum(m[2] for m in moved)} bytes; W - 1 "
+                                 f"hops of a K and a V block are {expected}")
+    elif mine["messages"]:
+        mechanism.append(f"{where}: {len(mine['messages'])} messages in a group of one")
+    return [], mechanism
+
+
+def judge_ring(case, causal, sub_groups=False):
+    def judge(seen):
+        world, results, mechanism = len(seen), [], []
+        for rank, mine in enumerate(seen):
+            r, w, where = rank, world, f"rank {rank}"
+            if sub_groups:
+                ranks = lesson10_sub_groups(world)[0 if rank == 0 else 1]
+                r, w, where = ranks.index(rank), len(ranks), f"rank {rank} (group {ranks})"
+            wrong, how = ring_problems(mine, case, causal, r, w, where)
+            results += wrong
+            mechanism += how
+        return results, mechanism
+    return judge_once(judge)
+
+
+def judge_causal_skips(seen):
+    """The matrix products of a causal ring: query block r against key blocks 0..r only."""
+    batch, heads, dim = LESSON10_SHAPE
+    one_block = 2 * 2 * batch * heads * LESSON10_BLOCK * LESSON10_BLOCK * dim  # QK^T, then PV
+    problems = []
+    for rank, mine in enumerate(seen):
+        if mine["flops"] > (rank + 1) * one_block:
+            problems.append(f"rank {rank}: {mine['flops']} floating-point operations in matrix "
+                            f"products; key blocks 0..{rank} need {(rank + 1) * one_block}")
+    return problems
+
+
+def ring_verdicts():
+    plain, causal = judge_ring("plain", False), judge_ring("causal", True)
+    large, group = judge_ring("large", False), judge_ring("causal", True, sub_groups=True)
+
+    def result(judge):
+        return lambda seen: (judge(seen)[0], "")
+
+    def result_and_mechanism(judge):
+        return lambda seen: (judge(seen)[0] or judge(seen)[1], "")
+
+    return {"ring": ("ring", result(plain)), "ring_causal": ("ring_causal", result(causal)),
+            "ring_large": ("ring_large", result(large)),
+            "ring_messages": ("ring", result_and_mechanism(plain)),
+            "ring_causal_messages": ("ring_causal", result_and_mechanism(causal)),
+            "ring_skips": ("ring_causal", lambda seen: (
+                causal(seen)[0] or judge_causal_skips(seen), "")),
+            "ring_group": ("ring_group", result_and_mechanism(group))}
+
+
+@pytest.mark.l10_ring_attention
+@pytest.mark.points(1)
+def test_ring_attention_in_a_world_of_one(ex):
+    with ex.world_of_one():
+        for case in ("plain", "causal"):
+            got = ex.probe("lesson10_alone", case)
+            assert close(got, attention(case, 1, case == "causal"), case), case
+        refused = ex.probe("lesson10_alone", "refused")
+        assert refused and refused.startswith("ValueError") and "\n" not in refused, refused
+
+
+@pytest.mark.l10_ring_attention
+@pytest.mark.points(1)
+@pytest.mark.parametrize("world_size", [3, 4])
+def test_ring_attention_equals_attention_in_one_process(ex, world_size):
+    assert_ok(world_size, "ring", ring_verdicts())
+
+
+@pytest.mark.l10_ring_attention
+@pytest.mark.points(1)
+@pytest.mark.parametrize("world_size", [3, 4])
+def test_causal_ring_attention_equals_attention_in_one_process(ex, world_size):
+    assert_ok(world_size, "ring_causal", ring_verdicts())
+
+
+@pytest.mark.l10_ring_attention
+@pytest.mark.points(1)
+def test_ring_attention_with_large_scores(ex):
+    """Scores in the hundreds: the online softmax keeps a running maximum."""
+    for world_size in (3, 4):
+        assert_ok(world_size, "ring_large", ring_verdicts())
+
+
+@pytest.mark.l10_ring_attention
+@pytest.mark.points(1)
+@pytest.mark.parametrize("world_size", [3, 4])
+def test_ring_attention_passes_k_and_v_round_a_ring(ex, world_size):
+    """Each rank sends to the next and receives from the one before, W - 1 hops of a K and a
+    V block each way, causal or not (the ring still turns), and no collective."""
+    for name in ("ring_messages", "ring_causal_messages"):
+        assert_ok(world_size, name, ring_verdicts())
+
+
+@pytest.mark.l10_ring_attention
+@pytest.mark.points(1)
+def test_causal_ring_attention_skips_the_blocks_no_query_sees(ex):
+    for world_size in (3, 4):
+        assert_ok(world_size, "ring_skips", ring_verdicts())
+
+
+@pytest.mark.l10_ring_attention
+@pytest.mark.points(1)
+def test_ring_attention_in_sub_groups(ex):
+    """Group ranks are not global ranks; rank 0 is a group of one."""
+    for world_size in (3, 4):
+        assert_ok(world_size, "ring_group", ring_verdicts())
+
+
+# --- l10_moe_dispatch ----------------------------------------------------------------------
+
+def moe_reference(case, world):
+    """Every rank's output, tokens' gradient, and every expert's gradients (None: no token
+    reached it), all experts in one process."""
+    experts = lesson10_experts(world)
+    shares = lesson10_tokens(case, world)
+    outs, tokens_grads, loss = [], [], 0
+    leaves = []
+    for tokens, ids, probe in shares:
+        tokens = tokens.clone().requires_grad_()
+        leaves.append(tokens)
+        rows = [experts[int(e)](tokens[i]) for i, e in enumerate(ids)]
+        out = torch.stack(rows) if rows else torch.zeros(0, probe.shape[1])
+        outs.append(out.detach())
+        loss = loss + (out * probe).sum()
+    loss.backward()
+    tokens_grads = [t.grad if t.grad is not None else torch.zeros_like(t) for t in leaves]
+    grads = [[p.grad for p in e.parameters()] for e in experts]
+    return outs, tokens_grads, grads
+
+
+def same(got, want):
+    """A tensor equal to `want`; for an empty `want` (a rank without tokens), None too."""
+    if got is None:
+        return want.numel() == 0
+    return isinstance(got, torch.Tensor) and got.shape == want.shape and \
+        torch.allclose(got, want, atol=1e-5, rtol=1e-4)
+
+
+def no_gradient_or_zero(got):
+    return got is None or (isinstance(got, torch.Tensor) and not (got.abs() > 0).any())
+
+
+def moe_problems(mine, case, rank, world, where):
+    """(output problems, gradient problems, traffic problems) of one rank's moe_call."""
+    outs, tokens_grads, grads = moe_reference(case, world)
+    if not same(mine["out"], outs[rank]):
+        return [f"{where}: the output differs from the experts run in one process"], [], []
+    backward = [f"{where}: backward failed: {mine['backward']}"] if mine.get("backward") else []
+    if not backward and not same(mine["tokens"], tokens_grads[rank]):
+        backward.append(f"{where}: the tokens' gradient differs from one process's (or none)")
+    for i, got in enumerate(mine["experts"]):
+        for g, want in zip(got, grads[2 * rank + i], strict=True):
+            if not (no_gradient_or_zero(g) if want is None else same(g, want)):
+                backward.append(f"{where}: expert {2 * rank + i}'s gradient differs from one "
+                                "process's (or none)")
+                break
+    traffic = []
+    kinds = {op for op, *_ in mine["collectives"]}
+    if kinds - ALL_TO_ALL:
+        traffic.append(f"{where}: {sorted(kinds - ALL_TO_ALL)[0]} in the forward: only "
+                       "all-to-all moves tokens to their experts")
+    shares = lesson10_tokens(case, world)
+    d_in, d_out = shares[0][0].shape[1], shares[0][2].shape[1]
+    here = range(2 * rank, 2 * rank + 2)
+    arriving = sum(int(sum((ids == e).sum() for e in here)) for _, ids, _ in shares)
+    mine_count = len(shares[rank][0])
+    # The rows that must move, whichever side of each exchange the record counts (the c10d
+    # operators note their output, the functional ones their input), and the counts
+    # (integers, or floats: at most one per expert and rank).
+    need = 4 * max(arriving * d_in + mine_count * d_out, mine_count * d_in + arriving * d_out)
+    float_bytes = sum(nbytes for _, numel, nbytes, _ in mine["collectives"]
+                      if numel and nbytes == 4 * numel)
+    if float_bytes > need + 4 * 2 * world * world:
+        traffic.append(f"{where}: {float_bytes} bytes of rows exchanged where {need} must move")
+    return [], backward, traffic
+
+
+def judge_moe(case, sub_groups=False):
+    def judge(seen):
+        world, out, back, traffic = len(seen), [], [], []
+        for rank, mine in enumerate(seen):
+            r, w, where = rank, world, f"rank {rank}"
+            if sub_groups:
+                ranks = lesson10_sub_groups(world)[0 if rank == 0 else 1]
+                r, w, where = ranks.index(rank), len(ranks), f"rank {rank} (group {ranks})"
+            a, b, c = moe_problems(mine, case, r, w, where)
+            out, back, traffic = out + a, back + b, traffic + c
+        return out, back, traffic
+    return judge_once(judge)
+
+
+def judge_moe_refused(seen):
+    problems = []
+    forward = judge_moe("uneven")
+    first = forward([mine["first"] for mine in seen])
+    problems += [f"before the refusals, {p}" for p in first[0] + first[1]]
+    for rank, mine in enumerate(seen):
+        for what, tried in zip(("experts that W does not divide", "one local expert of two",
+                                "an expert id out of range"), mine["tries"], strict=True):
+            if not tried["raised"]:
+                problems.append(f"rank {rank}: {what} was not refused with a ValueError")
+            elif tried["collectives"]:
+                problems.append(f"rank {rank}: {tried['collectives']} collective(s) before "
+                                f"refusing {what}")
+    return problems, ""
+
+
+def moe_verdicts():
+    uneven, empty = judge_moe("uneven"), judge_moe("empty")
+    group = judge_moe("uneven", sub_groups=True)
+    return {"moe": ("moe", lambda seen: (uneven(seen)[0], "")),
+            "moe_backward": ("moe", lambda seen: (uneven(seen)[0] or uneven(seen)[1], "")),
+            "moe_traffic": ("moe", lambda seen: (uneven(seen)[0] or uneven(seen)[2], "")),
+            "moe_empty": ("moe_empty", lambda seen: (empty(seen)[0] or empty(seen)[1], "")),
+            "moe_group": ("moe_group", lambda seen: (group(seen)[0] or group(seen)[1], "")),
+            "moe_refused": ("moe_refused", judge_moe_refused)}
+
+
+@pytest.mark.l10_moe_dispatch
+@pytest.mark.points(1)
+def test_moe_dispatch_in_a_world_of_one(ex):
+    outs, tokens_grads, grads = moe_reference("uneven", 1)
+    with ex.world_of_one():
+        got = ex.probe("lesson10_alone", "moe")
+    assert same(got["out"], outs[0]), "the output differs from the experts in one process"
+    assert same(got["tokens"], tokens_grads[0]), "the tokens' gradient differs"
+    for mine, want in zip(got["experts"], grads, strict=True):
+        for g, w in zip(mine, want, strict=True):
+            assert no_gradient_or_zero(g) if w is None else same(g, w), "an expert's gradient"
+
+
+@pytest.mark.l10_moe_dispatch
+@pytest.mark.points(1)
+@pytest.mark.parametrize("world_size", [3, 4])
+def test_moe_dispatch_sends_each_token_to_its_expert_and_back(ex, world_size):
+    assert_ok(world_size, "moe", moe_verdicts())
+
+
+@pytest.mark.l10_moe_dispatch
+@pytest.mark.points(1)
+@pytest.mark.parametrize("world_size", [3, 4])
+def test_moe_dispatch_is_differentiable_across_ranks(ex, world_size):
+    """The tokens' gradient comes back from the experts' ranks; each expert's gradient sums
+    every rank's tokens that reached it."""
+    assert_ok(world_size, "moe_backward", moe_verdicts())
+
+
+@pytest.mark.l10_moe_dispatch
+@pytest.mark.points(1)
+@pytest.mark.parametrize("world_size", [3, 4])
+def test_moe_dispatch_moves_only_the_rows_that_must_move(ex, world_size):
+    """All-to-all only, uneven splits: no padding to equal splits, no copies for every rank."""
+    assert_ok(world_size, "moe_traffic", moe_verdicts())
+
+
+@pytest.mark.l10_moe_dispatch
+@pytest.mark.points(1)
+def test_moe_dispatch_with_a_rank_and_experts_without_tokens(ex):
+    for world_size in (3, 4):
+        assert_ok(world_size, "moe_empty", moe_verdicts())
+
+
+@pytest.mark.l10_moe_dispatch
+@pytest.mark.points(1)
+def test_moe_dispatch_in_sub_groups(ex):
+    for world_size in (3, 4):
+        assert_ok(world_size, "moe_group", moe_verdicts())
+
+
+@pytest.mark.l10_moe_dispatch
+@pytest.mark.points(1)
+def test_moe_dispatch_refuses_bad_input_before_any_collective(ex):
+    assert_ok(3, "moe_refused", moe_verdicts())
+
