@@ -87,7 +87,8 @@ test: setup ## lint, then the test suite (solutions full marks, stubs zero, ever
 test-notebooks: setup ## execute the notebooks of lessons 1-8 top to bottom (notebook 9: test-lesson9)
 	$(VPY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m notebook
 
-# Lesson 10, being built: its experiments and first steps against one process (about 25 s).
+# Lesson 10: its steps, experiments and grader checks (jobs of 3 to 8 processes), apart from
+# make test, whose five minutes the other nine lessons fill; CI runs both.
 test-lesson10: setup ## lesson 10's experiments and steps (every parallelism, equal to one process)
 	$(VPY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m lesson10
 

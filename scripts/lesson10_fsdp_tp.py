@@ -1,5 +1,6 @@
 """Lesson 10: the transformer on a 2-D mesh, tensor parallel (tp) x FSDP2 (dp), not DDP.
 
+    make lesson10-fsdp-tp NPROC=2                       # prints, then runs, this command:
     torchrun --nproc-per-node=2 scripts/lesson10_fsdp_tp.py
 
 The W ranks form a dp x tp grid (--tp: 2 when W is even, else 1). Within a row, the "tp"

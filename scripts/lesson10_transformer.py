@@ -1,5 +1,6 @@
 """Lesson 10: lesson 3's DDP training, with a tiny transformer in place of the timm CNN.
 
+    make lesson10-transformer NPROC=2                   # prints, then runs, this command:
     torchrun --nproc-per-node=2 scripts/lesson10_transformer.py
 
 An 8 x 8 digit becomes a sequence of 8 tokens (its rows) of 8 features each: a linear

@@ -252,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
         print(found[args.target].setup if args.target in found else "setup")
     elif args.command == "help":
         for name, target in found.items():
-            print(f"{name:<20}{target.help}")
+            print(f"{name:<19} {target.help}")  # a space even after the longest names
     elif args.command == "figures":
         for path in write_figures(args.lesson, args.out):
             print(f"wrote {path}")

@@ -1,6 +1,7 @@
 """Lesson 10 experiment: a device mesh: W ranks laid out as a grid, one process group per row
 and per column, each group checked against the arithmetic and shown at work.
 
+    make lesson10-mesh NPROC=4                          # prints, then runs, this command:
     torchrun --nproc-per-node=4 scripts/experiments/lesson10_mesh.py
 
 Every kind of parallelism needs its own groups of ranks: data parallelism averages gradients

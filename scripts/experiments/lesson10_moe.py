@@ -1,6 +1,7 @@
 """Lesson 10 experiment: expert parallelism: a mixture-of-experts layer whose experts live on
 different ranks, tokens sent to them and back with all_to_all_single, equal to one process.
 
+    make lesson10-moe NPROC=3                           # prints, then runs, this command:
     torchrun --nproc-per-node=3 scripts/experiments/lesson10_moe.py
 
 A mixture-of-experts (MoE) layer holds E small MLPs, the experts, and a router: a linear layer

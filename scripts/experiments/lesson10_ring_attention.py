@@ -1,6 +1,7 @@
 """Lesson 10 experiment: ring attention by hand (context parallelism): the sequence cut into W
 blocks, K and V passed around a ring of W ranks, equal to attention in one process.
 
+    make lesson10-ring NPROC=3                          # prints, then runs, this command:
     torchrun --nproc-per-node=3 scripts/experiments/lesson10_ring_attention.py
 
 A long sequence does not fit one device: its activations grow with its length. Context

@@ -1,5 +1,6 @@
 """Lesson 10 experiment: six pipeline schedules, from GPipe to zero bubble, side by side.
 
+    make lesson10-schedules NPROC=4                     # prints, then runs, this command:
     torchrun --nproc-per-node=4 scripts/experiments/lesson10_schedules.py
 
 Lesson 8's bubble experiment measured GPipe and 1F1B, one stage

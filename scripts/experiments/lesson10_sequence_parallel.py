@@ -2,6 +2,7 @@
 adds work on a slice of the sequence each, equal to one process, with all_gather and
 reduce_scatter in place of all_reduce, and the activation memory it saves, measured.
 
+    make lesson10-sp NPROC=4                            # prints, then runs, this command:
     torchrun --nproc-per-node=4 scripts/experiments/lesson10_sequence_parallel.py
 
 Tensor parallelism (lesson 8) splits the linear layers, but between two split pairs every rank

@@ -2,6 +2,7 @@
 on a pp x dp x tp mesh, trained equal to one process, each dimension's traffic and every rank's
 memory beside the prediction.
 
+    make lesson10-three-d NPROC=8                       # prints, then runs, this command:
     torchrun --nproc-per-node=8 scripts/experiments/lesson10_three_d.py
 
 W = pp x dp x tp ranks, written row-major into a 3-D mesh (lesson10_mesh.py): rank = pp_c x

@@ -2,6 +2,7 @@
 and HSDP on a replicate x shard mesh, each trained equal to one process, every collective
 counted per mesh dimension beside the prediction.
 
+    make lesson10-two-d NPROC=4                         # prints, then runs, this command:
     torchrun --nproc-per-node=4 scripts/experiments/lesson10_two_d.py
 
 A stack of transformer-style MLP blocks, x + down(gelu(up(norm(x)))), and a final LayerNorm,

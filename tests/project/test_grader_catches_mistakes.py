@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
 import pytest
-from util import PYTHON, ROOT, run
+from util import PYTHON, ROOT, by_lesson, run
 
 from ddpcourse.course.batched_jobs import grading_module, launch_jobs_for_all
 from ddpcourse.course.grading import summarise
@@ -91,7 +91,7 @@ def test_every_graded_exercise_has_wrong_submissions_that_cost_points():
 
 @pytest.mark.slow
 @pytest.mark.timeout(400)
-@pytest.mark.parametrize("lesson", LESSONS)
+@pytest.mark.parametrize("lesson", by_lesson(LESSONS))
 def test_each_mistake_costs_its_own_exercise_what_it_is_worth(tmp_path, lesson):
     folders = build_folders(lesson, tmp_path)
     relaunches = []  # a folder whose code stops a job is graded alone: right, but slower

@@ -7,7 +7,7 @@ import shutil
 from xml.etree import ElementTree
 
 import pytest
-from util import PYTHON, ROOT, run
+from util import PYTHON, ROOT, by_lesson, run
 
 from ddpcourse.course.grading import junit_address, run_grading, summarise
 from ddpcourse.course.lessons import exercise_markers
@@ -39,7 +39,7 @@ def registered_exercise_markers():
 @pytest.mark.slow
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("lesson", LESSONS)
+@pytest.mark.parametrize("lesson", by_lesson(LESSONS))
 def test_solutions_get_full_marks_and_stubs_get_zero(tmp_path, lesson):
     # One lesson per test, so that a parallel run (make test) spreads their launches.
     solutions = run_grading(lesson, tmp_path / "solutions", impl="solutions", quiet=True)

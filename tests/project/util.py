@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from ddpcourse.report import parse_summary
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -61,3 +63,9 @@ def promised_diffs():
         for old, new in PROMISE.findall(text):
             found.setdefault((old, new), []).append(str(path.relative_to(ROOT)))
     return found
+
+
+def by_lesson(lessons):
+    """pytest parameters, one per lesson: lesson 10's run in `make test-lesson10` (its jobs
+    of 3 to 8 processes would take `make test` past its five minutes)."""
+    return [pytest.param(n, marks=pytest.mark.lesson10) if n == 10 else n for n in lessons]

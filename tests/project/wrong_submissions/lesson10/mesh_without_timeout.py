@@ -19,7 +19,7 @@ def mesh_groups(shape, names, timeout):
     for d, name in enumerate(names):
         others = [range(s) if i != d else [0] for i, s in enumerate(shape)]
         for corner in itertools.product(*others):
-            first = sum(c * s for c, s in zip(corner, strides))
+            first = sum(c * s for c, s in zip(corner, strides, strict=False))
             ranks = [first + i * strides[d] for i in range(shape[d])]
             group = dist.new_group(ranks)
             if dist.get_rank() in ranks:
