@@ -5,8 +5,8 @@ expert parallelism: tokens sent to the ranks of their experts and back.
 
 Replace each `raise NotImplementedError` with your code, then grade one exercise at a time:
 
-    make grade LESSON=10                                       # all of lesson 10, with a score table
-    .venv/bin/pytest tests/grading -m l10_ring_attention        # one exercise
+    make grade LESSON=10                                  # all of lesson 10, with a score table
+    .venv/bin/pytest tests/grading -m l10_ring_attention   # one exercise
 
 Your code runs in a sandboxed process of its own: mesh_coordinates there alone; the others
 there in a world of one, then in torchrun jobs of 3 and 4 processes, in the world and in
