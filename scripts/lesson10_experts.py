@@ -5,7 +5,8 @@
 
 Each token goes to one of E small MLPs (--experts), picked and weighted by a router. Expert e
 lives on rank e W // E (none if W > E): any W runs the same model. Every rank builds all E,
-trains its own; all_to_all takes tokens there and back. Same batches, same weights at any W:
+trains its own; all_to_all takes tokens there and back. The weights of one process at any W
+whose DistributedSampler pads the data as one process's does (W = 2; lesson 3's padding):
     diff scripts/lesson10_transformer.py scripts/lesson10_experts.py
 """
 

@@ -111,8 +111,10 @@ def moe_dispatch(tokens: torch.Tensor, expert_ids: torch.Tensor, experts: Sequen
     more (no padding to equal splits, no copies for ranks that do not need them).
 
     It must be differentiable: a backward from the result reaches `tokens` and every expert's
-    parameters, on the rank that holds it, as in one process
-    (torch.distributed.nn.functional.all_to_all_single is; dist.all_to_all_single is not).
+    parameters, on the rank that holds it, as in one process: dist.all_to_all_single is not
+    differentiable; a small torch.autograd.Function around it is (its backward the same
+    exchange with the split sizes swapped), as is torch.distributed.nn.functional's
+    all_to_all_single, which torch 2.14 marks deprecated.
     Raise ValueError, in one line and before any collective, when num_experts is not a
     multiple of W, len(experts) is not E/W, or expert_ids is not T ids in 0..E-1.
     """
