@@ -9,10 +9,11 @@ Replace each `raise NotImplementedError` with your code, then grade one exercise
     .venv/bin/pytest tests/grading -m l10_ring_attention   # one exercise
 
 Your code runs in a sandboxed process of its own: mesh_coordinates there alone; the others
-there in a world of one, then in torchrun jobs of 3 and 4 processes, in the world and in
-sub-groups whose group ranks are not global ranks, where every collective and message your
-code starts is recorded. Write them with torch alone: torch's DeviceMesh may help you check
-your groups, but the graded groups must carry the timeout asked for.
+there in a world of one, then in torchrun jobs of 3 and 4 processes, in the world (and
+ring_attention and moe_dispatch in sub-groups whose group ranks are not global ranks), where
+every collective and message your code starts is recorded. Write them with torch alone:
+torch's DeviceMesh may help you check your groups, but the graded groups must carry the
+timeout asked for.
 """
 
 from __future__ import annotations

@@ -1,5 +1,7 @@
 """l10_mesh_groups: 7 of 8. torch's init_device_mesh makes the right groups, but it takes no
-timeout: each dimension's group waits gloo's 30 minutes (unless given backend options)."""
+timeout: each new group waits gloo's 30 minutes (unless given backend options), and a
+dimension over every rank reuses the world's group (on a machine without CUDA), with the
+world's timeout: never the one asked for."""
 
 
 def mesh_groups(shape, names, timeout):
