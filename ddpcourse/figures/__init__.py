@@ -25,3 +25,20 @@ def save_or_return(fig, path: str | None = None):
     plt.close(fig)
     return path
 
+
+
+def pyplot(path: str | None = None):
+    """matplotlib.pyplot, drawing off screen (Agg) when the figure goes to a file."""
+    import matplotlib
+
+    if path:
+        matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def finish(fig, path: str | None = None):
+    """Lay `fig` out tightly, then save_or_return it."""
+    fig.tight_layout()
+    return save_or_return(fig, path)

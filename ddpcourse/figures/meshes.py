@@ -9,7 +9,7 @@ split sizes of an all_to_all_single computed from the tokens' experts.
 
 from __future__ import annotations
 
-from ddpcourse.figures import save_or_return
+from ddpcourse.figures import finish, pyplot
 from ddpcourse.topology import PALETTE
 
 ROW_COLOUR = "#0072B2"     # a row of a 2-D mesh: the tp group (blue, solid outline)
@@ -17,20 +17,6 @@ COLUMN_COLOUR = "#D55E00"  # a column: the dp group (vermillion, dashed outline)
 PP_COLOURS = [PALETTE[i] for i in (0, 1, 2, 3, 6, 7)]   # one per (dp, tp) position: the pp groups
 GREY = "#dddddd"
 
-
-def _pyplot(path):
-    import matplotlib
-
-    if path:
-        matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _done(fig, path):
-    fig.tight_layout()
-    return save_or_return(fig, path)
 
 
 def _box(ax, x, y, w, h, colour, text="", alpha=0.75, fontsize=8, edge="#333333", lw=0.8,
@@ -108,7 +94,7 @@ def draw_mesh_2d(dp: int = 2, tp: int = 2, path: str | None = None):
     """W = dp x tp ranks written row by row into a grid, as init_device_mesh(device, (dp, tp),
     mesh_dim_names=("dp", "tp")) lays them out: rank = dp_c x tp + tp_c. Each row (same dp
     coordinate) is a tp group, each column (same tp coordinate) a dp group."""
-    plt = _pyplot(path)
+    plt = pyplot(path)
     step = CELL + GAP
     grid_w, grid_h = tp * step - GAP, dp * step - GAP
     fig, ax = plt.subplots(figsize=(4.2 + grid_w * 0.95 + 0.3, max(3.4, grid_h * 0.95 + 1.6)))
@@ -141,7 +127,7 @@ def draw_mesh_2d(dp: int = 2, tp: int = 2, path: str | None = None):
     ax.axis("off")
     ax.set_title(f"A {dp} x {tp} device mesh (dp, tp): R = rank, (dp_c, tp_c) = its "
                  "coordinates", fontsize=10)
-    return _done(fig, path)
+    return finish(fig, path)
 
 
 # --- (b) a 3-D mesh --------------------------------------------------------------------------
@@ -150,7 +136,7 @@ def draw_mesh_3d(pp: int = 2, dp: int = 2, tp: int = 2, path: str | None = None)
     """W = pp x dp x tp ranks, row-major: rank = pp_c x dp x tp + dp_c x tp + tp_c. One
     dp x tp grid per pipeline stage, side by side; the ranks with the same (dp_c, tp_c) in
     every stage form a pp group (same colour), linked stage to stage."""
-    plt = _pyplot(path)
+    plt = pyplot(path)
     step = CELL + GAP
     grid_w, grid_h = tp * step - GAP, dp * step - GAP
     stage_gap = 2.6
@@ -192,7 +178,7 @@ def draw_mesh_3d(pp: int = 2, dp: int = 2, tp: int = 2, path: str | None = None)
     ax.axis("off")
     ax.set_title(f"A {pp} x {dp} x {tp} mesh (pp, dp, tp): one {dp} x {tp} (dp, tp) grid "
                  "per pipeline stage", fontsize=10)
-    return _done(fig, path)
+    return finish(fig, path)
 
 
 # --- (c) ring attention ----------------------------------------------------------------------
@@ -212,7 +198,7 @@ def draw_ring_attention(world_size: int = 4, causal: bool = True, path: str | No
     (r - c) mod W; with a causal mask the blocks above the diagonal are skipped."""
     import math
 
-    plt = _pyplot(path)
+    plt = pyplot(path)
     w = world_size
     fig, (ring, grid) = plt.subplots(1, 2, figsize=(12, 5.6),
                                      gridspec_kw={"width_ratios": [1.05, 1]})
@@ -290,7 +276,7 @@ def draw_ring_attention(world_size: int = 4, causal: bool = True, path: str | No
                    f"mod {w} hops\n{work}", fontsize=9.5, pad=22)
     fig.suptitle("Ring attention (context parallelism): queries stay, keys and values go round",
                  fontsize=10.5)
-    return _done(fig, path)
+    return finish(fig, path)
 
 
 # --- (d) expert parallelism ------------------------------------------------------------------
@@ -313,7 +299,7 @@ def draw_moe_dispatch(expert_ids=EXAMPLE_EXPERTS, num_experts: int = 6,
     tokens coloured by their expert; sorted by expert (destination rank); the all_to_all_single
     that sends each run of rows to its expert's rank, with uneven split sizes; the experts'
     outputs come back by the same all_to_all with the split sizes swapped, then unsorted."""
-    plt = _pyplot(path)
+    plt = pyplot(path)
     w = len(expert_ids)
     if num_experts % w:
         raise ValueError(f"{num_experts} experts do not split over {w} ranks")
@@ -405,7 +391,7 @@ def draw_moe_dispatch(expert_ids=EXAMPLE_EXPERTS, num_experts: int = 6,
     ax.axis("off")
     ax.set_title(f"Expert parallelism: {num_experts} experts over {w} ranks ({per_rank} each), "
                  "top-1 routing: all_to_all_single there and back", fontsize=10)
-    return _done(fig, path)
+    return finish(fig, path)
 
 
 def lesson_figures() -> dict:

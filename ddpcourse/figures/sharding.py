@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ddpcourse.figures import save_or_return
+from ddpcourse.figures import finish, pyplot
 from ddpcourse.sharding import PARTS, STRATEGIES, predict, read_records, transformer_shapes
 from ddpcourse.topology import PALETTE
 
@@ -24,27 +24,13 @@ PART_COLOURS = {"params": PALETTE[1], "grads": PALETTE[0], "buckets": PALETTE[3]
 RANK_COLOURS = PALETTE[:4]  # rank r's piece, in every diagram: orange, sky blue, green, yellow
 
 
-def _pyplot(path):
-    import matplotlib
-
-    if path:
-        matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _done(fig, path):
-    fig.tight_layout()
-    return save_or_return(fig, path)
-
 
 def draw_memory_vs_world(shapes=None, optimizer: str = "adam", device_gb: float = 80,
                          world_sizes=(1, 2, 4, 8, 16, 32, 64), title: str | None = None,
                          path: str | None = None):
     """What the most loaded rank keeps (weights + gradients + optimizer state, fp32) against
     the world size, for each strategy; a line at one device's memory. Default: a 7B model."""
-    plt = _pyplot(path)
+    plt = pyplot(path)
     shapes = shapes or transformer_shapes()
     count = sum(_numel(s) for s in shapes)
     fig, ax = plt.subplots(figsize=(8, 4.4))
@@ -64,7 +50,7 @@ def draw_memory_vs_world(shapes=None, optimizer: str = "adam", device_gb: float 
                           f"{optimizer} (activations not included)", fontsize=10)
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=9)
-    return _done(fig, path)
+    return finish(fig, path)
 
 
 def _numel(shape) -> int:
@@ -77,7 +63,7 @@ def _numel(shape) -> int:
 def draw_measured_memory(records: list[dict], path: str | None = None):
     """For each recorded world size and strategy, the bytes every rank measured, stacked by
     part, and the prediction for that rank as a black tick."""
-    plt = _pyplot(path)
+    plt = pyplot(path)
     records = sorted(records, key=lambda r: r["world_size"])
     fig, axes = plt.subplots(1, len(records), figsize=(3.4 * len(records) + 0.6, 4.2),
                              sharey=True, squeeze=False)
@@ -112,13 +98,13 @@ def draw_measured_memory(records: list[dict], path: str | None = None):
     model = records[0]["model"]
     fig.suptitle(f"Measured per rank: {model}, {records[0]['optimizer']}, after a step "
                  "(weights, gradients, DDP's buckets, optimizer state)", fontsize=10)
-    return _done(fig, path)
+    return finish(fig, path)
 
 
 def draw_pipeline(runs: list[dict], path: str | None = None):
     """One panel per run: a row per stage, a box per micro-batch's forward (light) and
     backward (dark), on the step's time axis; the white gaps are the bubble."""
-    plt = _pyplot(path)
+    plt = pyplot(path)
     fig, axes = plt.subplots(len(runs), 1, figsize=(9, 1.0 + 0.55 * sum(
         len(r["events"]) for r in runs) + 0.5 * len(runs)), squeeze=False)
     for ax, run in zip(axes[:, 0], runs, strict=True):
@@ -140,7 +126,7 @@ def draw_pipeline(runs: list[dict], path: str | None = None):
                      f"(S-1)/(M+S-1) = {run['expected']:.2f}", fontsize=9.5)
     axes[-1, 0].set_xlabel("ms since the step started (F = forward, B = backward of a "
                            "micro-batch; grey = waiting)")
-    return _done(fig, path)
+    return finish(fig, path)
 
 
 # --- diagrams: drawn from the rules they show, no run needed ---------------------------------
@@ -176,7 +162,7 @@ def draw_zero_stages(world_size: int = 4, path: str | None = None):
     """What each rank keeps between steps under DDP and ZeRO's three stages, Adam in fp32:
     per rank, one bar per part (weights 4, gradients 4, optimizer state 8 bytes per
     parameter); a sharded part keeps only the rank's 1/W of the bar, the rest left empty."""
-    plt = _pyplot(path)
+    plt = pyplot(path)
     fig, ax = plt.subplots(figsize=(11, 6.2))
     bytes_per = {"params": 4, "grads": 4, "optimizer": 8}
     scale, gap, row_h = 0.34, 0.7, 1.55   # bar length per byte, between ranks, per stage
@@ -223,13 +209,13 @@ def draw_zero_stages(world_size: int = 4, path: str | None = None):
     ax.set_title(f"What each of W = {world_size} ranks keeps between steps: Adam, fp32, a model "
                  "of N parameters (the ZeRO paper's stages; activations not included)",
                  fontsize=10)
-    return _done(fig, path)
+    return finish(fig, path)
 
 
 def draw_tensor_parallel(path: str | None = None):
     """y = x W^T on two ranks: split by the output's columns (ColwiseParallel), by the input's
     features (RowwiseParallel), and the two in a row (a transformer's MLP)."""
-    plt = _pyplot(path)
+    plt = pyplot(path)
     fig, axes = plt.subplots(3, 1, figsize=(10, 9.6))
     whole, r0, r1 = "#dddddd", RANK_COLOURS[0], RANK_COLOURS[1]
 
@@ -285,13 +271,13 @@ def draw_tensor_parallel(path: str | None = None):
     fig.suptitle("Tensor parallelism on 2 ranks: a linear layer y = x W$^T$ + b "
                  "(orange: rank 0's piece, blue: rank 1's, grey: whole on every rank)",
                  fontsize=10)
-    return _done(fig, path)
+    return finish(fig, path)
 
 
 def draw_hsdp_mesh(nodes: int = 2, per_node: int = 4, path: str | None = None):
     """FSDP over all ranks against HSDP on a (nodes, per_node) mesh: which ranks share one
     model's pieces, and which collectives cross the network between nodes."""
-    plt = _pyplot(path)
+    plt = pyplot(path)
     from matplotlib.patches import FancyBboxPatch
 
     def group(ax, x, y, w, h, colour, text):
@@ -345,7 +331,7 @@ def draw_hsdp_mesh(nodes: int = 2, per_node: int = 4, path: str | None = None):
         ax.axis("off")
     fig.suptitle("Which ranks hold which piece (same colour: the same piece of every weight, "
                  "gradient and optimizer state)", fontsize=10)
-    return _done(fig, path)
+    return finish(fig, path)
 
 def lesson_figures() -> dict:
     """Lesson 8's figures, from the recorded runs beside them."""

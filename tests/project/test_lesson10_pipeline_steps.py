@@ -13,7 +13,7 @@ first weights; one epoch each, every job run once (a module-scoped fixture).
 
 import pytest
 import torch
-from util import ROOT, summary
+from util import ROOT, runs_once
 
 from ddpcourse.cluster.launch import launch
 
@@ -21,28 +21,13 @@ from ddpcourse.cluster.launch import launch
 # `make test` would pass its five minutes.
 pytestmark = pytest.mark.lesson10
 
-ONE_EPOCH = ["--epochs", "1"]
 TOLERANCE = 1e-5  # float32 sums in another order (micro-batches, TP's partial sums, FSDP)
-
-
-def train(script, nproc, checkpoint, *args):
-    result = launch(f"scripts/{script}", [*ONE_EPOCH, "--checkpoint", str(checkpoint), *args],
-                    nproc=nproc, timeout=150, cwd=str(ROOT), capture=True, echo=False)
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "Traceback" not in result.stderr, result.stderr
-    return summary(result.stdout), torch.load(checkpoint, weights_only=False), result.stdout
 
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     """trained(script, nproc, *args): (summary, checkpoint, stdout) of one epoch, run once."""
-    folder, runs = tmp_path_factory.mktemp("lesson10_pipeline_steps"), {}
-
-    def once(script, nproc, *args):
-        if (script, nproc, args) not in runs:
-            runs[script, nproc, args] = train(script, nproc, folder / f"{len(runs)}.pt", *args)
-        return runs[script, nproc, args]
-    return once
+    return runs_once(tmp_path_factory.mktemp("lesson10_pipeline_steps"))
 
 
 def assert_same_training(got, want):

@@ -16,36 +16,19 @@ seconds a launch; every job runs once (a module-scoped fixture) and is checked s
 
 import pytest
 import torch
-from util import PYTHON, ROOT, run, summary
-
-from ddpcourse.cluster.launch import launch
+from util import PYTHON, run, runs_once, train_one_epoch
 
 # Lesson 10's runs of 3 to 8 processes run in `make test-lesson10` (CI too): with them
 # `make test` would pass its five minutes.
 pytestmark = pytest.mark.lesson10
 
-ONE_EPOCH = ["--epochs", "1"]
 TOLERANCE = 1e-5  # float32 sums in another order (TP's partial sums, FSDP's reduce-scatter)
-
-
-def train(script, nproc, checkpoint, *args):
-    result = launch(f"scripts/{script}", [*ONE_EPOCH, "--checkpoint", str(checkpoint), *args],
-                    nproc=nproc, timeout=100, cwd=str(ROOT), capture=True, echo=False)
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "Traceback" not in result.stderr, result.stderr
-    return summary(result.stdout), torch.load(checkpoint, weights_only=False), result.stdout
 
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     """trained(script, nproc, *args): (summary, checkpoint, stdout) of one epoch, run once."""
-    folder, runs = tmp_path_factory.mktemp("lesson10_steps"), {}
-
-    def once(script, nproc, *args):
-        if (script, nproc, args) not in runs:
-            runs[script, nproc, args] = train(script, nproc, folder / f"{len(runs)}.pt", *args)
-        return runs[script, nproc, args]
-    return once
+    return runs_once(tmp_path_factory.mktemp("lesson10_steps"))
 
 
 def largest_difference(got, want) -> float:
@@ -86,7 +69,7 @@ def test_fsdp_x_tp_on_four_processes_trains_ddp_s_weights_on_two(trained):
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_the_2d_step_runs_as_one_process(tmp_path):
-    one, saved, _ = train("lesson10_fsdp_tp.py", 1, tmp_path / "one.pt")
+    one, saved, _ = train_one_epoch("lesson10_fsdp_tp.py", 1, tmp_path / "one.pt")
     assert (one["world_size"], one["global_batch"]) == ("1", "256")
     assert all(type(weight) is torch.Tensor for weight in saved["model"].values())  # whole
 

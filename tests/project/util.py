@@ -69,3 +69,31 @@ def by_lesson(lessons):
     """pytest parameters, one per lesson: lesson 10's run in `make test-lesson10` (its jobs
     of 3 to 8 processes would take `make test` past its five minutes)."""
     return [pytest.param(n, marks=pytest.mark.lesson10) if n == 10 else n for n in lessons]
+
+
+def train_one_epoch(script, nproc, checkpoint, *args, timeout=150):
+    """Lesson 10's steps: one epoch of scripts/`script` on `nproc` processes, its weights
+    saved to `checkpoint`: (summary, the checkpoint read back, stdout)."""
+    import torch
+
+    from ddpcourse.cluster.launch import launch
+
+    result = launch(f"scripts/{script}", ["--epochs", "1", "--checkpoint", str(checkpoint),
+                                          *args],
+                    nproc=nproc, timeout=timeout, cwd=str(ROOT), capture=True, echo=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    return summary(result.stdout), torch.load(checkpoint, weights_only=False), result.stdout
+
+
+def runs_once(folder):
+    """once(script, nproc, *args): train_one_epoch's result, each run launched once (for a
+    module-scoped fixture)."""
+    runs = {}
+
+    def once(script, nproc, *args):
+        if (script, nproc, args) not in runs:
+            runs[script, nproc, args] = train_one_epoch(script, nproc,
+                                                        folder / f"{len(runs)}.pt", *args)
+        return runs[script, nproc, args]
+    return once
