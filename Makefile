@@ -84,7 +84,7 @@ test: setup ## lint, then the test suite (solutions full marks, stubs zero, ever
 	$(VPY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=15 \
 		-m "not notebook and not lesson10"
 
-test-notebooks: setup ## execute the notebooks of lessons 1-8 top to bottom (notebook 9: test-lesson9)
+test-notebooks: setup ## execute the notebooks of lessons 1-8 and 10 top to bottom (notebook 9: test-lesson9)
 	$(VPY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m notebook
 
 # Lesson 10: its steps, experiments and grader checks (jobs of 3 to 8 processes), apart from
