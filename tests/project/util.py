@@ -66,9 +66,10 @@ def promised_diffs():
 
 
 def by_lesson(lessons):
-    """pytest parameters, one per lesson: lesson 10's run in `make test-lesson10` (its jobs
-    of 3 to 8 processes would take `make test` past its five minutes)."""
-    return [pytest.param(n, marks=pytest.mark.lesson10) if n == 10 else n for n in lessons]
+    """pytest parameters, one per lesson: lessons 9's and 10's run in `make test-lesson9` and
+    `make test-lesson10` (with them `make test` would pass its five minutes)."""
+    own = {9: pytest.mark.lesson9, 10: pytest.mark.lesson10}
+    return [pytest.param(n, marks=own[n]) if n in own else n for n in lessons]
 
 
 def train_one_epoch(script, nproc, checkpoint, *args, timeout=150):
