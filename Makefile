@@ -78,7 +78,7 @@ bench: $(BENCH_TARGETS) ## every lesson's benchmark
 # Executing the notebooks (lessons 1-8 and 10: about 4 minutes of test time) is left to
 # test-notebooks, and lessons 9's and 10's runs and grader checks to test-lesson9 and
 # test-lesson10, all of which CI runs as well, so that make test stays under 5 minutes with
-# ten lessons (4m59s-5m01s from a fresh clone with lesson 9's grader checks in it); make test
+# ten lessons (4m55s from a fresh clone; 4m59s-5m01s with lesson 9's grader checks); make test
 # still checks every lesson's registration, diffs, readings and notebooks stored without
 # outputs.
 TEST_WORKERS ?= 3
