@@ -77,7 +77,7 @@ def parse_args():
     parser.add_argument("--tolerance", type=float, default=1e-5,
                         help="largest difference from attention in one process that counts as "
                              "equal")
-    parser.add_argument("--timeout", type=float, default=60,
+    parser.add_argument("--timeout", type=float, default=120,
                         help="seconds a collective of a case may wait for the other processes "
                              f"(the world group's: {WORLD_TIMEOUTS} times that)")
     args = parser.parse_args()
