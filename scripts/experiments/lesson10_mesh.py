@@ -44,19 +44,26 @@ from ddpcourse.runtime import (
 
 def parse_args():
     parser = ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tp", type=int, default=2,
-                        help="size of the last mesh dimension (the mesh is W / tp x tp)")
+    parser.add_argument("--tp", type=int, default=None,
+                        help="size of the last mesh dimension (the mesh is W / tp x tp; "
+                             "default: W's smallest factor that leaves dp >= 2, 2 where W is even)")
     parser.add_argument("--timeout", type=float, default=120,
                         help="seconds a collective may wait for the other processes")
     args = parser.parse_args()
-    if args.tp < 2:
+    if args.tp is not None and args.tp < 2:
         parser.error("--tp must be at least 2")
     return args
 
 
-def grid(world_size: int, tp: int) -> tuple[int, int]:
+def grid(world_size: int, tp: int | None) -> tuple[int, int]:
     """(dp, tp) for W ranks, or a one-line refusal: both dimensions must have 2 ranks or more
-    (a dimension of 1 is no parallelism at all)."""
+    (a dimension of 1 is no parallelism at all). tp None: the smallest that does."""
+    if tp is None:
+        tp = next((f for f in range(2, world_size) if world_size % f == 0
+                   and world_size // f >= 2), None)
+        if tp is None:
+            fail(f"{world_size} rank(s) make no 2-D mesh with 2 ranks or more in each dimension "
+                 "(W must be a product of two such numbers: e.g. 4, 6 or 9)")
     if world_size % tp or world_size // tp < 2:
         fail(f"{world_size} rank(s) do not make a 2-D mesh with a tp dimension of {tp}: W must "
              f"be {tp} x dp with dp >= 2 (e.g. {2 * tp} or {3 * tp})")

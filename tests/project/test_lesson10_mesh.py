@@ -213,13 +213,15 @@ def test_sequence_parallel_keeps_the_predicted_activations(sequence_job):
 @pytest.mark.slow
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("script, world, args, message", [
-    (MESH, 3, [], "error: 3 rank(s) do not make a 2-D mesh with a tp dimension of 2: W must be "
-                  "2 x dp with dp >= 2 (e.g. 4 or 6)"),
+    (MESH, 3, [], "error: 3 rank(s) make no 2-D mesh with 2 ranks or more in each dimension "
+                  "(W must be a product of two such numbers: e.g. 4, 6 or 9)"),
+    (MESH, 4, ["--tp", "3"], "error: 4 rank(s) do not make a 2-D mesh with a tp dimension of 3: "
+                             "W must be 3 x dp with dp >= 2 (e.g. 6 or 9)"),
     (TWO_D, 2, [], "error: 2 rank(s) do not make a 2-D mesh with a tp dimension of 2: W must be "
                    "2 x dp with dp >= 2 (e.g. 4 or 6)"),
     (SEQUENCE, 2, ["--seq", "61"], "error: --seq 61 does not split evenly over 2 ranks; use a "
                                    "multiple of 2"),
-], ids=["mesh", "two_d", "sequence_parallel"])
+], ids=["mesh_prime", "mesh_tp", "two_d", "sequence_parallel"])
 def test_a_world_that_does_not_fit_is_refused_in_one_line(script, world, args, message):
     result = launch(script, args, nproc=world, timeout=90, capture=True, echo=False,
                     backend="gloo", cwd=str(ROOT))
