@@ -9,7 +9,7 @@ rank computes one head, half the hidden features), out and down by rows, their p
 all-reduced. Along a column, the "dp" group, every block is an FSDP unit whose (tp) pieces are
 sharded once more. The data is split over dp only: the tp ranks of a row read the same batch.
 Each cell of the grid is a pipeline of --pp ranks (2 when W / tp is even, else 1), GPipe over the
-stages of lesson10_pipeline.py. So W=8 (2 x 2 x 2) trains lesson10_transformer.py's weights on 2:
+transformer's pieces, as the pipeline step cuts them. So W=8 (2 x 2 x 2) trains DDP's weights on 2:
     diff scripts/lesson10_fsdp_tp.py scripts/lesson10_3d.py
 """
 
@@ -225,7 +225,7 @@ def main():
         # every step. They are read once, when the epoch ends.
         stats = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, correct, seen
         for images, labels in train_loader:
-            samples = len(labels)  # then padded to `size`, as in lesson10_pipeline.py
+            samples = len(labels)  # then padded to `size`, as the pipeline step pads
             images = F.pad(images.to(device), (0, 0) * 3 + (0, size - samples))  # last dim first
             labels = F.pad(labels.to(device), (0, size - samples), value=-100)
             optimizer.zero_grad(set_to_none=True)

@@ -15,11 +15,11 @@ dim; sequence dimension 2) and catches what it raises, a finding, not a failure:
 full (no mask) forward, then forward and backward. The buffers are Q, K, V, the gradient that
 backward starts from and the positions 0..S-1, so that each rank's block is put back in order
 and compared with scaled_dot_product_attention on the whole sequence in one process, as
-lesson10_ring_attention.py compares (the largest |difference|). torch's counter of
-collectives, CommDebugMode (torch.distributed.tensor.debug), counts those each case ran (not
-send or recv, which torch's ring does not use: it rotates K and V by all-gather or all-to-all).
-The cases run under the rotate method as it stands (torch's default) and again after
-set_rotate_method("alltoall").
+the ring attention experiment (make lesson10-ring) compares (the largest |difference|). torch's
+counter of collectives, CommDebugMode (torch.distributed.tensor.debug), counts those each case
+ran (not send or recv, which torch's ring does not use: it rotates K and V by all-gather or
+all-to-all). The cases run under the rotate method as it stands (torch's default) and again
+after set_rotate_method("alltoall").
 
 On the CPU (gloo) SDPA calls a kernel of its own, _scaled_dot_product_flash_attention_for_cpu,
 which has no such handler: DTensor then looks for a sharding through the kernel's

@@ -17,12 +17,12 @@ In torch it is three parallel styles (torch/distributed/tensor/parallel/style.py
     norm  SequenceParallel()                    input and output Shard(1)
     up    ColwiseParallel(input_layouts=Shard(1))   all_gather to Replicate before it
     down  RowwiseParallel(output_layouts=Shard(1))  reduce_scatter of its partial sums
-The blocks of lesson10_two_d.py run three ways on one batch: in one process, under plain tensor
-parallelism, and with sequence parallelism. Compared with the one process: the output, the
-input's gradient and every parameter's gradient. Counted (lesson10_two_d.py's dispatch mode):
-every collective of a forward and backward. Measured: the bytes of the tensors autograd saves
-for backward (torch.autograd.graph.saved_tensors_hooks), each storage once, parameters left
-out, beside a prediction from the shapes.
+The blocks of the 2-D experiment (make lesson10-two-d) run three ways on one batch: in one
+process, under plain tensor parallelism, and with sequence parallelism. Compared with the one
+process: the output, the input's gradient and every parameter's gradient. Counted (the 2-D
+experiment's dispatch mode): every collective of a forward and backward. Measured: the bytes of
+the tensors autograd saves for backward (torch.autograd.graph.saved_tensors_hooks), each
+storage once, parameters left out, beside a prediction from the shapes.
 """
 
 import copy

@@ -5,9 +5,9 @@ memory beside the prediction.
     make lesson10-three-d NPROC=8                       # prints, then runs, this command:
     torchrun --nproc-per-node=8 scripts/experiments/lesson10_three_d.py
 
-W = pp x dp x tp ranks, written row-major into a 3-D mesh (lesson10_mesh.py): rank = pp_c x
+W = pp x dp x tp ranks, written row-major into a 3-D mesh (make lesson10-mesh): rank = pp_c x
 dp x tp + dp_c x tp + tp_c, so at W = 8 ranks 0-3 hold stage 0 and ranks 4-7 stage 1; within a
-stage, a 2 x 2 grid of dp rows and tp columns, as in lesson10_two_d.py. The model is a small
+stage, a 2 x 2 grid of dp rows and tp columns, as in the 2-D experiment. The model is a small
 transformer without embeddings: --blocks blocks of x + attention(norm(x)) (--heads heads, causal)
 and x + down(gelu(up(norm(x)))), then a final LayerNorm, trained on an MSE loss with Adam
 (--optimizer sgd or sgd_momentum: plain SGD, or with momentum 0.9).
@@ -45,7 +45,7 @@ We check:
     visible part of lr: W = 6 --pp 1 --batch-size 12 is 2e-4 from one process with Adam,
     1.5e-8 with SGD, and one process alone, the same batch summed in 6 micro-batches, is
     already 1.9e-5 from its whole-batch self with Adam;
-(b) every collective of a training step, caught by a TorchDispatchMode (lesson10_two_d.py's),
+(b) every collective of a training step, caught by a TorchDispatchMode (the 2-D experiment's),
     by kind, count and bytes, per mesh dimension and per stage, against a prediction from the
     shapes alone (see predict_traffic), and the bytes each rank sends for it (a ring's
     all_reduce sends 2(g-1)/g of the tensor, all_gather and reduce_scatter (g-1)/g, lesson 4);

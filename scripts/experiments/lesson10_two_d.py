@@ -7,7 +7,7 @@ counted per mesh dimension beside the prediction.
 
 A stack of transformer-style MLP blocks, x + down(gelu(up(norm(x)))), and a final LayerNorm,
 trains for a few Adam steps three ways from the same weights on the same global batch:
-(a) FSDP x TP, on the mesh of lesson10_mesh.py: within a row (the "tp" group) the blocks are
+(a) FSDP x TP, on the mesh of make lesson10-mesh: within a row (the "tp" group) the blocks are
     split by tensor parallelism (up by columns, down by rows, as in lesson 8); along a column
     (the "dp" group) every block is an FSDP unit, its pieces sharded once more. The data is
     split over dp only: the two tp ranks of a row see the same samples;
