@@ -21,6 +21,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
 import torch
 
 from ddpcourse.course.sandbox import Submission, from_data
@@ -174,3 +175,10 @@ def judge_once(judge):
         return done[key][1]
     once.__name__ = judge.__name__
     return once
+
+
+def one_line_value_error(call, *args, **kwargs):
+    """call(*args, **kwargs) raises ValueError, whose message is one line."""
+    with pytest.raises(ValueError) as refused:
+        call(*args, **kwargs)
+    assert "\n" not in str(refused.value).strip(), (args, kwargs, str(refused.value))

@@ -6,12 +6,13 @@ expert in one process, the groups of a row-major mesh) are computed here; most p
 the mechanism as well as the result: the groups' timeout, a ring of messages and no
 collective, the causal blocks skipped, all-to-all carrying only the rows that move."""
 
+import functools
 import math
 
 import pytest
 import torch
 import torch.nn.functional as F
-from jobs import Job, graded, judge_once, judged, verdict
+from jobs import Job, graded, judge_once, judged, one_line_value_error, verdict
 from probes import (
     LESSON10_BLOCK,
     LESSON10_SHAPE,
@@ -38,18 +39,8 @@ def ex():
     yield from graded(10)
 
 
-def one_line_value_error(call, *args, **kwargs):
-    with pytest.raises(ValueError) as refused:
-        call(*args, **kwargs)
-    assert "\n" not in str(refused.value).strip(), (args, kwargs, str(refused.value))
-
-
-def job(world_size, verdicts):
-    return judged(JOBS[world_size], verdicts)
-
-
 def assert_ok(world_size, name, verdicts):
-    line = verdict(job(world_size, verdicts), name)
+    line = verdict(judged(JOBS[world_size], verdicts), name)
     assert line == f"{name}: ok on {world_size} ranks", line
 
 
@@ -329,6 +320,7 @@ def test_ring_attention_in_sub_groups(ex):
 
 # --- l10_moe_dispatch ----------------------------------------------------------------------
 
+@functools.cache
 def moe_reference(case, world):
     """Every rank's output, tokens' gradient, and every expert's gradients (None: no token
     reached it), all experts in one process."""

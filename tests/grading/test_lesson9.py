@@ -7,7 +7,7 @@ sub-groups, with every collective it starts recorded."""
 
 import pytest
 import torch
-from jobs import Job, graded, judge_once, judged, verdict
+from jobs import Job, graded, judge_once, judged, one_line_value_error, verdict
 from probes import lesson9_case, lesson9_groups, lesson9_loader, lesson9_truth
 from torch.utils.data import DistributedSampler
 
@@ -18,12 +18,6 @@ JOBS = {w: Job(f"lesson9_W{w}", "lesson9_validation.py", nproc=w, timeout=150) f
 @pytest.fixture(scope="module")
 def ex():
     yield from graded(9)
-
-
-def one_line_value_error(call, *args, **kwargs):
-    with pytest.raises(ValueError) as refused:
-        call(*args, **kwargs)
-    assert "\n" not in str(refused.value).strip(), (args, kwargs, str(refused.value))
 
 
 # --- l9_launcher_identity ------------------------------------------------------------------
