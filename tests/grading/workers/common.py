@@ -25,6 +25,7 @@ sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 RANK, WORLD = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 VERDICT_WAIT = timedelta(seconds=60)    # how long ranks wait for each other's verdicts
+LEAVE_WAIT = timedelta(seconds=20)      # ... and for each other to leave a check's group
 
 
 def launcher_store() -> dist.TCPStore:
@@ -133,7 +134,7 @@ def observe(store, tag: str, lesson: int, checks: dict, timeout: timedelta) -> d
     """Every check of a lesson's worker, each in a process group of its own: checks[name](ex)
     returns this rank's observations. {check: every rank's} at rank 0."""
     ex, import_error = exercises_or_error(lesson)
-    observed = {}
+    observed, waiting = {}, True
     for check, fn in checks.items():
         raised = False
         with group_of_its_own(store, f"lesson{lesson}/{tag}/{check}", timeout):
@@ -152,7 +153,24 @@ def observe(store, tag: str, lesson: int, checks: dict, timeout: timedelta) -> d
             # groups connecting (seen once in a few full runs: "connectFullMesh failed ...
             # Connection closed by peer" in the check after one whose code raised).
             gc.collect()
+        if waiting:
+            waiting = everyone_left(store, f"lesson{lesson}/{tag}/{check}")
     return observed
+
+
+def everyone_left(store, name: str) -> bool:
+    """Wait until every rank has left check `name`'s group and freed what it held, so that
+    no rank connects the next check's group while another still closes this one's
+    connections (seen in a full run even after the collect above: "connectFullMesh failed
+    ... Connection closed by peer" in the check after one whose code raised). False when a
+    rank never came (it stopped or is stuck): the next checks say so, without this wait."""
+    keys = [f"left/{name}/{r}" for r in range(WORLD)]
+    store.set(keys[RANK], "1")
+    try:
+        store.wait(keys, LEAVE_WAIT)
+        return True
+    except Exception:
+        return False
 
 
 def write_observations(observed: dict, index: int) -> None:
