@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ddpcourse.cluster.launch import launch
+from ddpcourse.course.sandbox_child import HARNESS_FAILED
 from ddpcourse.exercises import ROOT
 
 GRADING_TESTS = ROOT / "tests" / "grading"
@@ -106,7 +107,8 @@ def read_announcements(stdout: str, folders: list[str]):
     return reports, finished, marks[-1].group(2) if marks else None
 
 
-def shares_of(job, folders: list[str], work: Path, say=print) -> dict[str, Share]:
+def shares_of(job, folders: list[str], work: Path, say=print,
+              again_once: bool = False) -> dict[str, Share]:
     """Each folder's share of `job`, from as few launches as the submissions allow."""
     result = launch_for(job, folders, work)
     reports, finished, stopped_in = read_announcements(result.stdout, folders)
@@ -120,6 +122,10 @@ def shares_of(job, folders: list[str], work: Path, say=print) -> dict[str, Share
         return getattr(result, "observed", lambda i: "")(folders.index(folder))
 
     if len(folders) == 1:  # the job of this submission alone: whatever it printed
+        if not again_once and HARNESS_FAILED in result.stdout + result.stderr:
+            say(f"{job.name}: the job's own group failed for {Path(folders[0]).resolve()}: "
+                "launched once more")  # a real grading's job that failed so is too (jobs.py)
+            return shares_of(job, folders, work, say, again_once=True)
         return {folders[0]: Share(result.returncode, result.stdout, result.stderr,
                                   observations=observed(folders[0]))}
     if result.returncode == 0 and set(reports) == set(folders):

@@ -35,6 +35,10 @@ from contextlib import ExitStack, contextmanager
 from datetime import timedelta
 
 MAX_REPLY = 256 * 2**20
+# What a grading worker prints when the job's own process group for a check could not form
+# (tests/grading/workers/common.py): the job says nothing about the submission, and whoever
+# launched it launches it once more (tests/grading/jobs.py, batched_jobs.py).
+HARNESS_FAILED = "### harness failed"
 
 
 def loopback_up() -> None:

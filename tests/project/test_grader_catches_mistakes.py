@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
 import pytest
-from util import PYTHON, ROOT, by_lesson, run
+from util import FORM_TRIES, PYTHON, ROOT, by_lesson, group_fails, run
 
 from ddpcourse.course.batched_jobs import grading_module, launch_jobs_for_all
 from ddpcourse.course.grading import summarise
@@ -197,3 +197,23 @@ def test_every_route_to_a_ready_made_collective_is_refused():
         assert x.tolist() == [1.0, 1.0, 1.0]
     finally:
         dist.destroy_process_group()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_a_batched_job_whose_own_group_fails_is_launched_again(tmp_path):
+    """The project's batched grading launches a submission's job alone when it stops; when
+    that job's own group still fails to form after every try (gloo once failed to connect in
+    CI), it is launched once more, so a right answer keeps its marks."""
+    folder = tmp_path / "right"
+    marks = group_fails(folder / "lesson1", times=FORM_TRIES, every_launch=False)
+    said = []
+    try:
+        assert not launch_jobs_for_all(1, {folder: tmp_path / "jobs" / folder.name},
+                                       tmp_path / "work", say=said.append)
+    finally:
+        for mark in marks():
+            mark.unlink()
+    assert any("the job's own group failed" in line for line in said), said
+    scores, report = grade(1, folder, tmp_path)
+    assert all(earned == possible > 0 for earned, possible in scores.values()), report[-2000:]

@@ -3,8 +3,11 @@
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
+import uuid
 from pathlib import Path
 
 import pytest
@@ -98,3 +101,54 @@ def runs_once(folder):
                                                         folder / f"{len(runs)}.pt", *args)
         return runs[script, nproc, args]
     return once
+
+
+# how many times a grading worker tries to form a check's group (it needs RANK to import)
+FORM_TRIES = int(re.search(r"^FORM_TRIES = (\d+)", (ROOT / "tests" / "grading" / "workers" /
+                                                   "common.py").read_text(), re.M).group(1))
+
+
+def group_fails(folder: Path, times: int, every_launch: bool, lesson: int = 1):
+    """A right submission of `lesson` in `folder` whose grading job cannot form its first
+    check's group `times` times on every rank of its first launch (or of every launch), as
+    gloo once failed to
+    connect in a fresh job in CI: the ranks try again together (tests/grading/workers/
+    common.py), and a job that still fails says so and is launched once more
+    (tests/grading/jobs.py, ddpcourse/course/batched_jobs.py), at no cost to the student.
+    Returns a function listing the marks it left in this machine's /tmp (none where it ran
+    in a sandbox of its own), for the test to remove."""
+    folder.mkdir(parents=True)
+    shutil.copy(ROOT / "solutions" / f"lesson{lesson}" / "exercises.py",
+                folder / "solutions_copy.py")
+    marks = f"group-fails-{uuid.uuid4().hex}"  # in the sandbox's /tmp, or the real one
+    (folder / "exercises.py").write_text(f"""
+import os, sys, tempfile
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch.distributed as dist
+from solutions_copy import *  # noqa: every answer right
+
+_init = dist.init_process_group
+
+def _fails(*args, **kwargs):
+    if "RANK" in os.environ:  # in a grading job
+        mark = os.path.join(tempfile.gettempdir(), "{marks}")
+        mine = mark + ".rank" + os.environ["RANK"]
+        with open(mine, "w") as f:
+            f.write(os.environ["MASTER_PORT"])
+        try:
+            os.link(mine, mark)  # whole, or not at all: the first launch's port
+        except FileExistsError:
+            pass
+        with open(mark) as f:
+            first_launch = f.read() == os.environ["MASTER_PORT"]
+        tries = mine + ".tries" + os.environ["MASTER_PORT"] * {every_launch}
+        done = os.path.getsize(tries) if os.path.exists(tries) else 0
+        if (first_launch or {every_launch}) and done < {times}:
+            with open(tries, "a") as f:
+                f.write("x")
+            raise dist.DistNetworkError("Connection closed by peer")
+    return _init(*args, **kwargs)
+
+dist.init_process_group = _fails
+""")
+    return lambda: list(Path(tempfile.gettempdir()).glob(f"{marks}*"))

@@ -26,6 +26,8 @@ sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RANK, WORLD = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 VERDICT_WAIT = timedelta(seconds=60)    # how long ranks wait for each other's verdicts
 LEAVE_WAIT = timedelta(seconds=20)      # ... and for each other to leave a check's group
+FORM_TRIES = 3                           # tries to form a check's group (group_of_its_own)
+HARNESS_EXIT = 75                        # ... after which the job is launched again
 
 
 def launcher_store() -> dist.TCPStore:
@@ -35,10 +37,39 @@ def launcher_store() -> dist.TCPStore:
 
 
 @contextmanager
-def group_of_its_own(store, name: str, timeout: timedelta):
-    """A fresh default process group for one check (keys under `name` in the store)."""
-    dist.init_process_group("gloo", store=dist.PrefixStore(name, store), rank=RANK,
-                            world_size=WORLD, timeout=timeout)
+def group_of_its_own(store, name: str, timeout: timedelta, everyone_here: bool = False):
+    """A fresh default process group for one check (keys under `name` in the store).
+
+    everyone_here: every rank was seen to leave the previous check's group (or answered the
+    roll call). Then a group that cannot form is the job's own failure, not the code's: gloo
+    sometimes fails to connect on a loaded machine ("connectFullMesh failed ... Connection
+    closed by peer", seen in a fresh job in CI). Every rank says whether its group formed,
+    and all try again together, up to FORM_TRIES times; after that the job ends here, saying
+    so, and its launcher launches it once more (tests/grading/jobs.py, batched_jobs.py)."""
+    from ddpcourse.course.sandbox_child import HARNESS_FAILED
+
+    for attempt in range(FORM_TRIES if everyone_here else 1):
+        try:
+            dist.init_process_group("gloo", store=dist.PrefixStore(f"{name}/{attempt}", store),
+                                    rank=RANK, world_size=WORLD, timeout=timeout)
+            error = None
+        except Exception as failed:
+            if not everyone_here:  # a rank the code ended or left stuck: the code's failure
+                raise
+            error = failed
+        formed = error is None
+        try:
+            if everyone_formed(store, f"{name}/{attempt}", formed, timeout):
+                break
+        except Exception as failed:  # a rank never said, or this one's store connection broke
+            error = failed
+        if formed:
+            dist.destroy_process_group()  # others failed: all try again together
+    else:
+        print(f"{HARNESS_FAILED}: rank {RANK} could not form the group of {name} "
+              f"in {FORM_TRIES} tries: {one_line(error) if error else 'another rank could not'}",
+              flush=True)
+        os._exit(HARNESS_EXIT)
     try:
         yield
     finally:
@@ -137,7 +168,7 @@ def observe(store, tag: str, lesson: int, checks: dict, timeout: timedelta) -> d
     observed, waiting = {}, True
     for check, fn in checks.items():
         raised = False
-        with group_of_its_own(store, f"lesson{lesson}/{tag}/{check}", timeout):
+        with group_of_its_own(store, f"lesson{lesson}/{tag}/{check}", timeout, waiting):
             try:
                 if import_error:
                     raise RuntimeError(import_error)
@@ -171,6 +202,15 @@ def everyone_left(store, name: str) -> bool:
         return True
     except Exception:
         return False
+
+
+def everyone_formed(store, name: str, mine: bool, timeout: timedelta) -> bool:
+    """Whether every rank formed the group `name` (mine: this one did). A rank whose peers
+    failed may wait in gloo's connect for the group's timeout before it fails too."""
+    keys = [f"formed/{name}/{r}" for r in range(WORLD)]
+    store.set(keys[RANK], "1" if mine else "0")
+    store.wait(keys, timeout + LEAVE_WAIT)
+    return all(store.get(key) == b"1" for key in keys)
 
 
 def write_observations(observed: dict, index: int) -> None:
