@@ -133,12 +133,13 @@ def _fails(*args, **kwargs):
     if "RANK" in os.environ:  # in a grading job
         mark = os.path.join(tempfile.gettempdir(), "{marks}")
         mine = mark + ".rank" + os.environ["RANK"]
-        with open(mine, "w") as f:
+        with open(mine + ".new", "w") as f:
             f.write(os.environ["MASTER_PORT"])
         try:
-            os.link(mine, mark)  # whole, or not at all: the first launch's port
+            os.link(mine + ".new", mark)  # whole, or not at all: the first launch's port
         except FileExistsError:
             pass
+        os.unlink(mine + ".new")
         with open(mark) as f:
             first_launch = f.read() == os.environ["MASTER_PORT"]
         tries = mine + ".tries" + os.environ["MASTER_PORT"] * {every_launch}
@@ -146,8 +147,18 @@ def _fails(*args, **kwargs):
         if (first_launch or {every_launch}) and done < {times}:
             with open(tries, "a") as f:
                 f.write("x")
+            if os.environ["RANK"] == "0":  # inside torch, as gloo fails, after torch counted
+                return _init(*args, **dict(kwargs, store=_Broken()))  # the group it names
             raise dist.DistNetworkError("Connection closed by peer")
     return _init(*args, **kwargs)
+
+
+class _Broken(dist.Store):
+    def _fail(self, *args, **kwargs):
+        raise dist.DistNetworkError("Connection closed by peer")
+
+    set = get = add = wait = check = compare_set = delete_key = num_keys = _fail
+    multi_get = multi_set = _fail
 
 dist.init_process_group = _fails
 """)

@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from datetime import timedelta
 
 import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
 
 # probes.py, beside this folder: the inputs the workers and the judge both build
 sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -49,6 +50,10 @@ def group_of_its_own(store, name: str, timeout: timedelta, everyone_here: bool =
     from ddpcourse.course.sandbox_child import HARNESS_FAILED
 
     for attempt in range(FORM_TRIES if everyone_here else 1):
+        # The group's keys are named by a per-process count of groups made, which a failed
+        # try advanced on its ranks alone (destroying a group resets it, failing does not):
+        # reset, every rank names the try's group alike.
+        c10d._world.group_count = 0
         try:
             dist.init_process_group("gloo", store=dist.PrefixStore(f"{name}/{attempt}", store),
                                     rank=RANK, world_size=WORLD, timeout=timeout)
