@@ -29,7 +29,7 @@ OPTS    := --nproc '$(NPROC)' --nnodes '$(NNODES)' --port '$(PORT)' --timeout '$
 # Checks NPROC/NNODES/PORT with the system Python before anything is installed or started.
 CHECK   := $(PYTHON) -m ddpcourse.cluster.launch --check $(OPTS)
 
-.PHONY: help setup setup-lesson9 bench test test-busy test-fast test-notebooks test-lesson9 test-lesson10 lint grade grade-class notebooks site site-test figures \
+.PHONY: help setup setup-lesson9 bench test test-busy test-fast test-grading test-notebooks test-lesson9 test-lesson10 lint grade grade-class notebooks site site-test figures \
         student-release gradescope classroom-workflow clean
 
 help: ## list the targets
@@ -80,15 +80,18 @@ bench: $(BENCH_TARGETS) ## every lesson's benchmark
 # test-lesson10, all of which CI runs as well, so that make test stays under 5 minutes with
 # ten lessons (4m55s from a fresh clone; 4m59s-5m01s with lesson 9's grader checks); make test
 # still checks every lesson's registration, diffs, readings and notebooks stored without
-# outputs. With ten lessons make test itself runs four at a time: 4m55s of tests against
-# 5m10s with three (one fresh clone, one run each); the other suites, whose jobs have up to
-# 8 processes, keep three.
+# outputs. Lessons 6-8's wrong submissions (jobs that restart, kill and shard: 2.5 minutes of
+# test time) went to test-grading, which CI runs too, when a fresh clone's make test reached
+# 5m10s-5m17s; make test still grades every lesson's solutions and stubs and lessons 1-5's
+# wrong submissions.
 TEST_WORKERS ?= 3
-SUITE_WORKERS ?= 4
 test: setup ## lint, then the test suite (solutions full marks, stubs zero, every script and drill)
 	$(VPY) -m ruff check .
-	$(VPY) -m pytest -q -n $(SUITE_WORKERS) --dist loadgroup --durations=15 \
-		-m "not notebook and not lesson9 and not lesson10"
+	$(VPY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=15 \
+		-m "not notebook and not lesson9 and not lesson10 and not grading_heavy"
+
+test-grading: setup ## lessons 6-8's wrong submissions graded: each loses exactly its mistake's points
+	$(VPY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m grading_heavy
 
 test-notebooks: setup ## execute the notebooks of lessons 1-8 and 10 top to bottom (notebook 9: test-lesson9)
 	$(VPY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m notebook

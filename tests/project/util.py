@@ -68,10 +68,12 @@ def promised_diffs():
     return found
 
 
-def by_lesson(lessons):
+def by_lesson(lessons, apart=()):
     """pytest parameters, one per lesson: lessons 9's and 10's run in `make test-lesson9` and
-    `make test-lesson10` (with them `make test` would pass its five minutes)."""
+    `make test-lesson10`, and the lessons in `apart` in `make test-grading` (with them `make
+    test` would pass its five minutes)."""
     own = {9: pytest.mark.lesson9, 10: pytest.mark.lesson10}
+    own.update({n: pytest.mark.grading_heavy for n in apart})
     return [pytest.param(n, marks=own[n]) if n in own else n for n in lessons]
 
 
