@@ -124,7 +124,7 @@ def shares_of(job, folders: list[str], work: Path, say=print,
     if len(folders) == 1:  # the job of this submission alone: whatever it printed
         if not again_once and HARNESS_FAILED in result.stdout + result.stderr:
             say(f"{job.name}: the job's own group failed for {Path(folders[0]).resolve()}: "
-                "launched once more")  # a real grading's job that failed so is too (jobs.py)
+                "launched once more")  # real grading's jobs.py: it left nothing to judge
             return shares_of(job, folders, work, say, again_once=True)
         return {folders[0]: Share(result.returncode, result.stdout, result.stderr,
                                   observations=observed(folders[0]))}

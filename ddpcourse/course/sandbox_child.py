@@ -36,8 +36,9 @@ from datetime import timedelta
 
 MAX_REPLY = 256 * 2**20
 # What a grading worker prints when the job's own process group for a check could not form
-# (tests/grading/workers/common.py): the job says nothing about the submission, and whoever
-# launched it launches it once more (tests/grading/jobs.py, batched_jobs.py).
+# in FORM_TRIES tries (tests/grading/workers/common.py): the job says nothing about the
+# submission and is launched once more (tests/grading/jobs.py, batched_jobs.py).
+FORM_TRIES = 3
 HARNESS_FAILED = "### harness failed"
 
 

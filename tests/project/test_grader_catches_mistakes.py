@@ -22,11 +22,12 @@ from datetime import timedelta
 
 import pytest
 import torch
-from util import FORM_TRIES, PYTHON, ROOT, by_lesson, group_fails, run
+from util import PYTHON, ROOT, by_lesson, group_fails, run
 
 from ddpcourse.course.batched_jobs import grading_module, launch_jobs_for_all
 from ddpcourse.course.grading import summarise
 from ddpcourse.course.lessons import exercise_markers
+from ddpcourse.course.sandbox_child import FORM_TRIES
 
 pytestmark = pytest.mark.skipif(not (ROOT / "solutions").is_dir(),
                                 reason="this copy of the course has no solutions/")

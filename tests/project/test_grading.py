@@ -7,10 +7,11 @@ import shutil
 from xml.etree import ElementTree
 
 import pytest
-from util import FORM_TRIES, PYTHON, ROOT, by_lesson, group_fails, run
+from util import PYTHON, ROOT, by_lesson, group_fails, run
 
 from ddpcourse.course.grading import junit_address, run_grading, summarise
 from ddpcourse.course.lessons import exercise_markers
+from ddpcourse.course.sandbox_child import FORM_TRIES
 
 # These are the instructor's checks of the grader itself; a student copy has no solutions.
 pytestmark = pytest.mark.skipif(not (ROOT / "solutions").is_dir(),
@@ -180,18 +181,19 @@ def test_without_root_the_sandbox_is_a_process_of_its_own_and_grades_the_same(tm
     assert all(s["earned"] == s["possible"] > 0 for s in scores.values()), scores
 
 
-
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_a_check_whose_group_fails_to_form_tries_again_at_no_cost(tmp_path):
     """Every launch of this submission's job fails to form its first group twice, on every
     rank: its ranks try again together, and a right answer keeps its marks."""
     marks = group_fails(tmp_path / "bob" / "lesson1", times=FORM_TRIES - 1, every_launch=True)
-    result = run([PYTHON, "-m", "ddpcourse.course.grading", "grade", "--lesson", "1",
-                  "--submission", str(tmp_path / "bob"), "--out", str(tmp_path / "out")],
-                 timeout=170)
-    for mark in marks():  # left in this machine's /tmp where no sandbox had its own
-        mark.unlink()
+    try:
+        result = run([PYTHON, "-m", "ddpcourse.course.grading", "grade", "--lesson", "1",
+                      "--submission", str(tmp_path / "bob"), "--out", str(tmp_path / "out")],
+                     timeout=170)
+    finally:
+        for mark in marks():  # left in this machine's /tmp where no sandbox had its own
+            mark.unlink()
     assert result.returncode == 0, result.stderr[-2000:]
     scores = json.loads((tmp_path / "out" / "results.json").read_text())["scores"]
     assert all(s["earned"] == s["possible"] > 0 for s in scores.values()), scores

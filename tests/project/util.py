@@ -105,11 +105,6 @@ def runs_once(folder):
     return once
 
 
-# how many times a grading worker tries to form a check's group (it needs RANK to import)
-FORM_TRIES = int(re.search(r"^FORM_TRIES = (\d+)", (ROOT / "tests" / "grading" / "workers" /
-                                                   "common.py").read_text(), re.M).group(1))
-
-
 def group_fails(folder: Path, times: int, every_launch: bool, lesson: int = 1):
     """A right submission of `lesson` in `folder` whose grading job cannot form its first
     check's group `times` times on every rank of its first launch (or of every launch), as
@@ -144,7 +139,7 @@ def _fails(*args, **kwargs):
         os.unlink(mine + ".new")
         with open(mark) as f:
             first_launch = f.read() == os.environ["MASTER_PORT"]
-        tries = mine + ".tries" + os.environ["MASTER_PORT"] * {every_launch}
+        tries = mine + ".tries" + (os.environ["MASTER_PORT"] if {every_launch} else "")
         done = os.path.getsize(tries) if os.path.exists(tries) else 0
         if (first_launch or {every_launch}) and done < {times}:
             with open(tries, "a") as f:

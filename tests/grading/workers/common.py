@@ -27,8 +27,7 @@ sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RANK, WORLD = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 VERDICT_WAIT = timedelta(seconds=60)    # how long ranks wait for each other's verdicts
 LEAVE_WAIT = timedelta(seconds=20)      # ... and for each other to leave a check's group
-FORM_TRIES = 3                           # tries to form a check's group (group_of_its_own)
-HARNESS_EXIT = 75                        # ... after which the job is launched again
+HARNESS_EXIT = 75                        # a job whose check's group never formed (its line says)
 
 
 def launcher_store() -> dist.TCPStore:
@@ -37,19 +36,27 @@ def launcher_store() -> dist.TCPStore:
                          is_master=False, timeout=VERDICT_WAIT)
 
 
+# Whether every rank was seen to leave the last check's group (everyone_left): until one is
+# not, a group that cannot form is the machine's failure, not the code's.
+_everyone_here = True
+
+
 @contextmanager
-def group_of_its_own(store, name: str, timeout: timedelta, everyone_here: bool = False):
-    """A fresh default process group for one check (keys under `name` in the store).
+def group_of_its_own(store, name: str, timeout: timedelta):
+    """A fresh default process group for one check (keys under `name` in the store); on
+    leaving it, every rank waits for all to have left (everyone_left).
 
-    everyone_here: every rank was seen to leave the previous check's group (or answered the
-    roll call). Then a group that cannot form is the job's own failure, not the code's: gloo
-    sometimes fails to connect on a loaded machine ("connectFullMesh failed ... Connection
-    closed by peer", seen in a fresh job in CI). Every rank says whether its group formed,
-    and all try again together, up to FORM_TRIES times; after that the job ends here, saying
-    so, and its launcher launches it once more (tests/grading/jobs.py, batched_jobs.py)."""
-    from ddpcourse.course.sandbox_child import HARNESS_FAILED
+    While every rank is there, a group that cannot form is the job's own failure, not the
+    code's: gloo sometimes fails to connect on a loaded machine ("connectFullMesh failed ...
+    Connection closed by peer", seen in a fresh job in CI). Every rank says whether its group
+    formed, and all try again together, up to FORM_TRIES times; after that the job ends
+    here with a HARNESS_FAILED line, and is launched once more (tests/grading/jobs.py, which
+    finds nothing to judge; the project's batched_jobs.py, which reads the line)."""
+    from ddpcourse.course.sandbox_child import FORM_TRIES, HARNESS_FAILED
 
-    for attempt in range(FORM_TRIES if everyone_here else 1):
+    global _everyone_here
+    here = _everyone_here
+    for attempt in range(FORM_TRIES if here else 1):
         # The group's keys are named by a per-process count of groups made, which a failed
         # try advanced on its ranks alone (destroying a group resets it, failing does not):
         # reset, every rank names the try's group alike.
@@ -59,9 +66,11 @@ def group_of_its_own(store, name: str, timeout: timedelta, everyone_here: bool =
                                     rank=RANK, world_size=WORLD, timeout=timeout)
             error = None
         except Exception as failed:
-            if not everyone_here:  # a rank the code ended or left stuck: the code's failure
+            if not here:  # a rank the code ended or left stuck: the code's failure
                 raise
             error = failed
+        if not here:
+            break
         formed = error is None
         try:
             if everyone_formed(store, f"{name}/{attempt}", formed, timeout):
@@ -82,6 +91,13 @@ def group_of_its_own(store, name: str, timeout: timedelta, everyone_here: bool =
             dist.destroy_process_group()
         except Exception:  # a group the check broke
             pass
+        # An error's frames hold the check's sub-groups (and a DDP reducer) in a cycle: freed
+        # now, before this rank joins the next check's group, not by the collector at some
+        # later moment, when their connections closing met the next check's groups connecting
+        # (seen once in a few full runs: "connectFullMesh failed ... Connection closed by
+        # peer" in the check after one whose code raised).
+        gc.collect()
+        _everyone_here = everyone_left(store, name, wait=here)
 
 
 def one_line(error: BaseException) -> str:
@@ -109,11 +125,13 @@ def select_submission(submission: str | None, store=None, tag: str = "") -> None
     answers a roll call: a rank that the previous submission's code ended (even os._exit(0))
     or left stuck stops the job here, before the next submission is announced, instead of
     failing the checks of every submission after it."""
+    global _everyone_here
     if submission:
         if store is not None:
             keys = [f"present/{tag}/{r}" for r in range(WORLD)]
             store.set(keys[RANK], "1")
             store.wait(keys, VERDICT_WAIT)  # raises on a missing rank: the job stops
+            _everyone_here = True
         os.environ["COURSE_SUBMISSION"] = submission
         announce("submission", submission)
 
@@ -170,38 +188,31 @@ def observe(store, tag: str, lesson: int, checks: dict, timeout: timedelta) -> d
     """Every check of a lesson's worker, each in a process group of its own: checks[name](ex)
     returns this rank's observations. {check: every rank's} at rank 0."""
     ex, import_error = exercises_or_error(lesson)
-    observed, waiting = {}, True
+    observed = {}
     for check, fn in checks.items():
-        raised = False
-        with group_of_its_own(store, f"lesson{lesson}/{tag}/{check}", timeout, waiting):
+        with group_of_its_own(store, f"lesson{lesson}/{tag}/{check}", timeout):
             try:
                 if import_error:
                     raise RuntimeError(import_error)
                 mine = {"data": as_data(fn(ex))}
             except BaseException as error:  # the graded code raised: the next check runs
                 mine = {"error": f"rank {RANK}: {one_line(error)}"}
-                raised = True
             observed[check] = everyones_observation(store, f"lesson{lesson}/{tag}/{check}", mine)
-        if raised:
-            # The error's frames held the check's sub-groups (and a DDP reducer) in a cycle:
-            # freed now, before this rank joins the next check's group, not by the collector
-            # at some later moment, when their connections closing met the next check's
-            # groups connecting (seen once in a few full runs: "connectFullMesh failed ...
-            # Connection closed by peer" in the check after one whose code raised).
-            gc.collect()
-        if waiting:
-            waiting = everyone_left(store, f"lesson{lesson}/{tag}/{check}")
     return observed
 
 
-def everyone_left(store, name: str) -> bool:
-    """Wait until every rank has left check `name`'s group and freed what it held, so that
-    no rank connects the next check's group while another still closes this one's
-    connections (seen in a full run even after the collect above: "connectFullMesh failed
-    ... Connection closed by peer" in the check after one whose code raised). False when a
-    rank never came (it stopped or is stuck): the next checks say so, without this wait."""
+def everyone_left(store, name: str, wait: bool = True) -> bool:
+    """Say this rank has left check `name`'s group, and wait until every rank has (and freed
+    what it held), so that no rank connects the next check's group while another still
+    closes this one's connections (seen in a full run even after the collect: "connectFullMesh
+    failed ... Connection closed by peer" in the check after one whose code raised). False
+    when a rank never came (it stopped or is stuck), or without `wait` (a rank was already
+    missing): the next checks say so, without this wait. Every rank says it, waiting or not,
+    so that ranks which waited at different moments stay in step."""
     keys = [f"left/{name}/{r}" for r in range(WORLD)]
     store.set(keys[RANK], "1")
+    if not wait:
+        return False
     try:
         store.wait(keys, LEAVE_WAIT)
         return True
