@@ -250,9 +250,10 @@ def observe_all(names, store, tag) -> dict:
     observed = {}
     for name in names:
         fn, timeout = CHECKS[name]
-        with group_of_its_own(store, f"lesson4/{tag}/{name}", timeout):
+        with group_of_its_own(store, f"lesson4/{tag}/{name}", timeout) as outcome:
             mine = {"error": f"rank {RANK}: {import_error}"} if import_error else \
                 observe_within_alarm(fn, ex)
+            outcome["raised"] = "error" in mine
             observed[name] = everyones_observation(store, f"lesson4/{tag}/{name}", mine)
     return observed
 
