@@ -18,6 +18,8 @@ SLURM   ?=
 SLURM_TASKS ?= 4
 SBATCH_ARGS ?=
 RELEASE ?= build/student-release
+GRADER  ?=
+CLASSROOM_WORKFLOW ?= build/classroom.yml
 GRADESCOPE ?= build/gradescope
 
 ARGS    ?=
@@ -90,7 +92,7 @@ test: setup ## lint, then the test suite (solutions full marks, stubs zero, ever
 	$(VPY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=15 \
 		-m "not notebook and not lesson9 and not lesson10 and not grading_heavy"
 
-test-grading: setup ## lessons 6-8's wrong submissions graded: each loses exactly its mistake's points
+test-grading: setup ## lessons 6-8's wrong submissions and every lesson's process-ending mistake graded: each loses exactly its points
 	$(VPY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m grading_heavy
 
 test-notebooks: setup ## execute the notebooks of lessons 1-8 and 10 top to bottom (notebook 9: test-lesson9)
@@ -166,23 +168,31 @@ site-test: setup $(VENV)/.site-installed ## read build/site (make site first) in
 figures: setup ## regenerate the lesson figures in lessons/*/figures
 	$(VPY) -m ddpcourse.course.lessons figures
 
-# What git tracks and what it would (new files not yet committed, as the leak check in
-# tests/project/test_one_source_of_truth.py reads them), less solutions/ and the wrong submissions.
-student-release: ## copy the course without solutions/ to RELEASE (default build/student-release)
+# What git tracks (an untracked folder in the checkout, a class's submissions say, stays
+# out), less solutions/, the wrong submissions and tracked files deleted but not committed.
+# With GRADER, the release carries GitHub Classroom's workflow, pinned to that grader.
+student-release: ## copy the course's tracked files without solutions/ to RELEASE [GRADER=owner/repo@commit]
+	@$(if $(GRADER),$(PYTHON) -m ddpcourse.course.classroom check-grader -- '$(GRADER)')
 	@rm -rf '$(RELEASE)' && mkdir -p '$(RELEASE)'
-	@git ls-files --cached --others --exclude-standard \
+	@LC_ALL=C comm -23 <(git ls-files --cached) <(git ls-files --deleted) \
 		| grep -v -e '^solutions/' -e '^tests/project/wrong_submissions/' | tar -cf - -T - | tar -xf - -C '$(RELEASE)'
 	@echo "student copy written to $(RELEASE) (no solutions/); there: make lesson1, make grade"
+	@$(if $(GRADER),$(MAKE) --no-print-directory classroom-workflow \
+		CLASSROOM_WORKFLOW='$(RELEASE)/.github/workflows/classroom.yml',\
+		echo "no GitHub Classroom workflow in it: make student-release GRADER=owner/repo@commit adds one")
 
 # Gradescope's zip is the student release plus its setup.sh and run_autograder
 # (ddpcourse/course/gradescope.py says what each does).
 gradescope: ## Gradescope's autograder for [LESSON=n]: build/gradescope/autograder[-lessonN].zip
-	@$(MAKE) --no-print-directory student-release RELEASE='$(GRADESCOPE)/source' >/dev/null
+	@$(MAKE) --no-print-directory student-release RELEASE='$(GRADESCOPE)/source' GRADER= >/dev/null
 	@$(PYTHON) -m ddpcourse.course.gradescope build '$(GRADESCOPE)/source' --lesson '$(LESSON)' \
 		--zip '$(GRADESCOPE)/autograder$(if $(LESSON),-lesson$(LESSON)).zip'
 
-classroom-workflow: setup ## rewrite the release's GitHub Classroom workflow from the grader's points
-	$(VPY) -m ddpcourse.course.classroom workflow --out .github/workflows/classroom.yml
+# Checked with the system Python before `setup` installs anything.
+classroom-workflow: ## GitHub Classroom's workflow, GRADER=owner/repo@commit, to CLASSROOM_WORKFLOW (build/classroom.yml)
+	@$(PYTHON) -m ddpcourse.course.classroom check-grader -- '$(GRADER)'
+	@$(MAKE) --no-print-directory setup
+	@$(VPY) -m ddpcourse.course.classroom workflow --grader='$(GRADER)' --out '$(CLASSROOM_WORKFLOW)'
 
 clean: ## remove build outputs and runs (keeps .venv)
 	rm -rf build runs .pytest_cache .ruff_cache

@@ -18,11 +18,25 @@ ROOT = Path(__file__).resolve().parent.parent
 IMPLS = ("student", "solutions")
 
 
-def exercise_file(lesson: int) -> Path:
-    """The exercise file of `lesson` that COURSE_IMPL / COURSE_SUBMISSION point at."""
+def exercise_folder() -> Path:
+    """The folder COURSE_SUBMISSION / COURSE_IMPL point at, which holds lessonN/ folders (a
+    submission may hold them under lessons/ instead)."""
     submission = os.environ.get("COURSE_SUBMISSION", "").strip()
     if submission:
-        base = Path(submission).expanduser().resolve()
+        return Path(submission).expanduser()
+    impl = os.environ.get("COURSE_IMPL", "student").strip() or "student"
+    if impl not in IMPLS:
+        raise ValueError(f"COURSE_IMPL={impl!r}: use one of {', '.join(IMPLS)}")
+    return ROOT / ("lessons" if impl == "student" else "solutions")
+
+
+def exercise_file(lesson: int) -> Path:
+    """The exercise file of `lesson` that COURSE_IMPL / COURSE_SUBMISSION point at (inside a
+    sandbox: the copy the grader made; the grader itself reads a submission only through
+    ddpcourse/course/intake.py)."""
+    submission = os.environ.get("COURSE_SUBMISSION", "").strip()
+    if submission:
+        base = exercise_folder().resolve()
         candidates = [base / f"lesson{lesson}" / "exercises.py",
                       base / "lessons" / f"lesson{lesson}" / "exercises.py"]
         for path in candidates:
@@ -30,10 +44,7 @@ def exercise_file(lesson: int) -> Path:
                 return path
         raise FileNotFoundError(f"submission {base} has no lesson{lesson}/exercises.py")
     impl = os.environ.get("COURSE_IMPL", "student").strip() or "student"
-    if impl not in IMPLS:
-        raise ValueError(f"COURSE_IMPL={impl!r}: use one of {', '.join(IMPLS)}")
-    folder = ROOT / ("lessons" if impl == "student" else "solutions")
-    path = folder / f"lesson{lesson}" / "exercises.py"
+    path = exercise_folder() / f"lesson{lesson}" / "exercises.py"
     if not path.exists():
         raise FileNotFoundError(f"{path} does not exist"
                                 + (" (this copy of the course has no solutions)"

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ddpcourse.cluster.launch import launch
-from ddpcourse.course.sandbox_child import HARNESS_FAILED
+from ddpcourse.course.job_checks import run_each_check
 from ddpcourse.exercises import ROOT
 
 GRADING_TESTS = ROOT / "tests" / "grading"
@@ -69,10 +69,12 @@ def lesson_jobs(lesson: int) -> list:
     return list(grading_module(f"test_lesson{lesson}.py").JOBS.values())
 
 
-def launch_for(job, folders: list[str], work: Path) -> subprocess.CompletedProcess:
-    """One launch of `job` that grades `folders` one after another; the observations of the
-    i-th are in the file result.observed(i)."""
+def launch_for(job, folders: list[str], work: Path, skip=()) -> subprocess.CompletedProcess:
+    """One launch of `job` that grades `folders` one after another (without the checks in
+    `skip`); the observations of the i-th are in the file result.observed(i)."""
     args, options = ["--submissions", ",".join(folders)], {}
+    if skip:
+        args += ["--skip", ",".join(skip)]
     observed = Path(tempfile.mkdtemp(prefix=f"{job.name}-observed-", dir=work))
     if job.restarts:  # lesson 6: killed once per launch, in a folder of its own
         args += ["--work", tempfile.mkdtemp(prefix=f"{job.name}-", dir=work)]
@@ -107,10 +109,35 @@ def read_announcements(stdout: str, folders: list[str]):
     return reports, finished, marks[-1].group(2) if marks else None
 
 
-def shares_of(job, folders: list[str], work: Path, say=print,
-              again_once: bool = False) -> dict[str, Share]:
+def alone(job, folder: str, work: Path, say, first) -> Share:
+    """The share of a submission's job of its own, every check observed or ended, as real
+    grading's (ddpcourse/course/job_checks.py); `first`: its first launch, already run."""
+    import torch
+
+    ready = [first]
+
+    def launch_once(skip):
+        result = ready.pop() if ready else launch_for(job, [folder], work, skip)
+        path = getattr(result, "observed", lambda i: "")(0)
+        result.observations = torch.load(path, weights_only=True) \
+            if path and Path(path).is_file() else None
+        return result
+
+    merged = run_each_check(launch_once, job.nproc * job.nnodes)
+    for retry in merged.retries:
+        say(f"{job.name}: {Path(folder).resolve()}: {retry}")
+    saved = Path(tempfile.mkdtemp(prefix=f"{job.name}-merged-", dir=work)) / "0.pt"
+    if merged.observations is not None:
+        torch.save(merged.observations, saved)
+    return Share(merged.returncode, merged.stdout, merged.stderr,
+                 observations=str(saved) if saved.exists() else "")
+
+
+def shares_of(job, folders: list[str], work: Path, say=print) -> dict[str, Share]:
     """Each folder's share of `job`, from as few launches as the submissions allow."""
     result = launch_for(job, folders, work)
+    if len(folders) == 1:  # the job of this submission alone, continued as real grading's
+        return {folders[0]: alone(job, folders[0], work, say, first=result)}
     reports, finished, stopped_in = read_announcements(result.stdout, folders)
     if stopped_in is None:  # before the workers began any submission: none is to blame
         last = (result.stderr.strip().splitlines() or ["no message"])[-1]
@@ -121,13 +148,6 @@ def shares_of(job, folders: list[str], work: Path, say=print,
     def observed(folder):
         return getattr(result, "observed", lambda i: "")(folders.index(folder))
 
-    if len(folders) == 1:  # the job of this submission alone: whatever it printed
-        if not again_once and HARNESS_FAILED in result.stdout + result.stderr:
-            say(f"{job.name}: the job's own group failed for {Path(folders[0]).resolve()}: "
-                "launched once more")  # real grading's jobs.py: it left nothing to judge
-            return shares_of(job, folders, work, say, again_once=True)
-        return {folders[0]: Share(result.returncode, result.stdout, result.stderr,
-                                  observations=observed(folders[0]))}
     if result.returncode == 0 and set(reports) == set(folders):
         return {folder: Share(0, reports[folder], observations=observed(folder))
                 for folder in folders}

@@ -13,11 +13,18 @@ LESSON=n` does (its jobs shared by all its tests), and then a step per exercise 
 that exercise's tests with the points each earned: the grader's partial credit, reported in
 the reporter's format.
 
-The points come from the grader alone (each grading test's `points(n)`): `make
-classroom-workflow` writes the workflow from them, and the course's tests fail while the
-committed file says otherwise.
+The student's push must not decide its points, and every file of its repository is the
+student's: a tests/conftest.py, pyproject.toml's pytest options, the Makefile and
+requirements.txt would all run if the workflow graded from that checkout. So the workflow
+checks the push out into student/ and runs nothing of it: the grader comes from a pinned
+commit of another repository (the student release, GRADER=owner/repo@commit) into grader/,
+which grades with `--submission ../student` (the grader reads only the lessons' .py files).
 
-    python -m ddpcourse.course.classroom workflow [--out .github/workflows/classroom.yml]
+The points come from the grader alone (each grading test's `points(n)`): `make
+classroom-workflow` writes the workflow from them.
+
+    python -m ddpcourse.course.classroom workflow --grader OWNER/REPO@COMMIT [--out PATH]
+    python -m ddpcourse.course.classroom check-grader OWNER/REPO@COMMIT
     python -m ddpcourse.course.classroom report GRADES_DIR EXERCISE --max-score P
 """
 
@@ -25,9 +32,9 @@ from __future__ import annotations
 
 import argparse
 import base64
-import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -38,13 +45,17 @@ from ddpcourse.course.grading import GRADING_TESTS, summarise
 from ddpcourse.course.lessons import all_lessons
 from ddpcourse.exercises import ROOT
 
-WORKFLOW = ROOT / ".github" / "workflows" / "classroom.yml"
+# GitHub's rules: an owner of up to 39 letters, digits and inner hyphens; a repository name
+# of letters, digits, '.', '-', '_'. A full commit id: a branch or tag could be moved.
+GRADER = re.compile(r"(?P<repo>[A-Za-z0-9](?:[A-Za-z0-9-]{0,37}[A-Za-z0-9])?"
+                    r"/(?!\.\.?@)[A-Za-z0-9._-]{1,100})@(?P<commit>[0-9a-f]{40})")
 
 HEADER = """\
-# GitHub Classroom's autograding: on every push, the course's own grader grades
-# lessons/*/exercises.py and each exercise's points go to Classroom.
-# Written by `make classroom-workflow` from the grading tests' points
-# (ddpcourse/course/classroom.py): change those, not this file.
+# GitHub Classroom's autograding: on every push, a pinned grader grades the push's
+# lessons/*/exercises.py (nothing else of the push runs) and each exercise's points go to
+# Classroom. The grader: {repo}@{commit}
+# Written by `make classroom-workflow GRADER=owner/repo@commit` (ddpcourse/course/classroom.py)
+# from the grading tests' points: change those, not this file.
 name: Autograding Tests  # the one workflow Classroom reads points from
 "on": [push, repository_dispatch, workflow_dispatch]
 permissions:
@@ -57,33 +68,38 @@ jobs:
     if: github.actor != 'github-classroom[bot]'  # not the commit that creates the repository
     timeout-minutes: 60
     env:
-      GRADES: build/grades
+      GRADES: build/grades  # in grader/
     steps:
-      - name: Check out the student's copy of the course
+      - name: Check out the student's push (only its exercise files are read)
         uses: actions/checkout@v4
+        with:
+          path: student
+          persist-credentials: false  # no token left in student/.git for graded code to read
+      - name: Check out the grader (a pinned commit the push cannot change)
+        uses: actions/checkout@v4
+        with:
+          repository: {repo}
+          ref: {commit}
+          path: grader
+          # An organisation secret for a private grader repository; else the job's own token.
+          token: ${{{{ secrets.GRADER_TOKEN || github.token }}}}
+          persist-credentials: false
       - uses: actions/setup-python@v5
         with:
           python-version: "3.12"
-      - name: Set up the course (make setup)
+      - name: Set up the grader (make -C grader setup)
         env:
           # GitHub's runners have no GPU: torch's CPU wheels, a fraction of the download.
           PIP_EXTRA_INDEX_URL: https://download.pytorch.org/whl/cpu
-        run: make setup
-      - name: Check the grader (the student's push must not change it)
-        run: .venv/bin/python -m ddpcourse.course.classroom verify {digest}
-      - name: Which exercises to grade
-        # The instructor's copy has the reference solutions: there the workflow checks itself
-        # (full marks). A student's copy has none: its lessons/*/exercises.py are graded.
-        run: >-
-          echo "IMPL=$(if [ -d solutions ]; then echo solutions; else echo student; fi)"
-          >> "$GITHUB_ENV"
+        run: make -C grader setup
 """
 
 LESSON_STEP = """\
       - name: "Lesson {n}: grade (as make grade LESSON={n})"
         if: ${{{{ !cancelled() }}}}
+        working-directory: grader
         run: >-
-          .venv/bin/python -m ddpcourse.course.grading grade --lesson {n} --impl "$IMPL"
+          .venv/bin/python -m ddpcourse.course.grading grade --lesson {n} --submission ../student
           --out "$GRADES/lesson{n}"
 """
 
@@ -91,6 +107,7 @@ EXERCISE_STEP = """\
       - name: "{exercise}: {points:g} points"
         id: {exercise}
         if: ${{{{ !cancelled() }}}}
+        working-directory: grader
         run: >-
           .venv/bin/python -m ddpcourse.course.classroom report "$GRADES/lesson{n}" {exercise}
           --max-score {points:g} >> "$GITHUB_OUTPUT"
@@ -124,34 +141,19 @@ def grader_points() -> dict[str, float]:
     return {name: s["possible"] for name, s in summarise(tests).items()}
 
 
-GRADER_FILES = ("tests/grading", "ddpcourse/course", "ddpcourse/exercises.py")
+def grader_pin(value: str) -> tuple[str, str]:
+    """'owner/repo@<40-hex commit>' -> (owner/repo, commit), or SystemExit with one line."""
+    pin = GRADER.fullmatch(value.strip())
+    if pin is None:
+        raise SystemExit(f"error: GRADER={value!r}: use owner/repo@commit, the commit in full "
+                         "(40 lowercase hex digits) of the student release the grader comes from")
+    return pin["repo"], pin["commit"]
 
 
-def grader_digest(root: Path = ROOT) -> tuple[str, dict[str, str]]:
-    """SHA-256 of the grader's files (their names and bytes), and each file's own."""
-    files = {}
-    for part in GRADER_FILES:
-        base = root / part
-        for path in sorted([base] if base.is_file() else base.rglob("*.py")):
-            files[str(path.relative_to(root))] = hashlib.sha256(path.read_bytes()).hexdigest()
-    whole = hashlib.sha256("".join(f"{k} {v}\n" for k, v in sorted(files.items())).encode())
-    return whole.hexdigest(), files
-
-
-def cmd_verify(args) -> int:
-    digest, files = grader_digest()
-    print(f"grader digest: {digest}")
-    if digest != args.digest:
-        print(f"::error::the grader differs from the one this workflow was written for "
-              f"({args.digest}); its files now: " + "; ".join(f"{k} {v[:12]}"
-                                                              for k, v in files.items()),
-              file=sys.stderr)
-        return 1
-    return 0
-
-
-def workflow_text(points: dict[str, float]) -> str:
-    """The workflow: set up, then per lesson one grading run and a step per exercise."""
+def workflow_text(points: dict[str, float], grader: str) -> str:
+    """The workflow: check out the push and the pinned grader, set up the grader, then per
+    lesson one grading run and a step per exercise."""
+    repo, commit = grader_pin(grader)
     steps, runners, lines = [], [], []
     for lesson in all_lessons():
         if not lesson.exercises:
@@ -168,8 +170,7 @@ def workflow_text(points: dict[str, float]) -> str:
     env = "\n".join(f"          {r.upper()}_RESULTS: ${{{{ steps.{r}.outputs.result }}}}"
                     for r in runners)
     # One lesson a line: the reporter splits its runners at commas and white space.
-    header = HEADER.replace("{digest}", grader_digest()[0])
-    return header + "".join(steps) + REPORTER.format(env=env,
+    return HEADER.format(repo=repo, commit=commit) + "".join(steps) + REPORTER.format(env=env,
                                                      runners="\n".join(lines).rstrip(","))
 
 
@@ -180,7 +181,8 @@ def report(grades: Path, exercise: str, max_score: float) -> dict:
     possible = sum(t.points for t in tests)
     if tests and possible != max_score:  # the workflow is older than the grading tests
         print(f"::warning::{exercise}: the workflow says {max_score:g} points, the grader "
-              f"gives {possible:g}: run make classroom-workflow", file=sys.stderr)
+              f"gives {possible:g}: release again (make student-release GRADER=...)",
+              file=sys.stderr)
     if not tests:
         entries = [{"name": exercise, "status": "error", "score": 0,
                     "message": f"{exercise} was not graded: see the lesson's grading step"}]
@@ -212,8 +214,14 @@ def cmd_report(args) -> int:
     return 0
 
 
+def cmd_check_grader(args) -> int:
+    grader_pin(args.grader)
+    return 0
+
+
 def cmd_workflow(args) -> int:
-    text = workflow_text(grader_points())
+    grader_pin(args.grader)  # before the grading tests' collection, which takes seconds
+    text = workflow_text(grader_points(), args.grader)
     if args.out is None:
         sys.stdout.write(text)
         return 0
@@ -227,11 +235,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="GitHub Classroom's autograding workflow.")
     sub = parser.add_subparsers(dest="command", required=True)
     write = sub.add_parser("workflow", help="write the workflow from the grader's points")
+    write.add_argument("--grader", required=True, help="owner/repo@commit of the student "
+                       "release whose grader the workflow runs")
     write.add_argument("--out", type=Path, default=None, help="a file (default: stdout)")
     write.set_defaults(func=cmd_workflow)
-    verify = sub.add_parser("verify", help="fail unless the grader's files have this digest")
-    verify.add_argument("digest")
-    verify.set_defaults(func=cmd_verify)
+    check = sub.add_parser("check-grader", help="fail, in one line, unless this is "
+                           "owner/repo@commit (the system Python can run it: no .venv yet)")
+    check.add_argument("grader")
+    check.set_defaults(func=cmd_check_grader)
     one = sub.add_parser("report", help="one exercise's points, as the step output `result`")
     one.add_argument("grades", type=Path, help="the folder a grading run wrote")
     one.add_argument("exercise")

@@ -24,7 +24,6 @@ import argparse
 import json
 import os
 import re
-import shutil
 import stat
 import sys
 import tempfile
@@ -32,6 +31,7 @@ import time
 import zipfile
 from pathlib import Path
 
+from ddpcourse.course import intake
 from ddpcourse.course.feedback import graded_tests
 from ddpcourse.course.grading import lesson_number, run_grading, score_table, summarise
 from ddpcourse.course.lessons import all_lessons
@@ -107,15 +107,10 @@ def build(release: Path, zip_path: Path, lesson: int | None) -> Path:
 
 # --- grading one submission ----------------------------------------------------------------
 
-def holds_lessons(folder: Path, lessons: list[int]) -> bool:
-    return any((folder / f"lesson{n}" / "exercises.py").is_file()
-               or (folder / "lessons" / f"lesson{n}" / "exercises.py").is_file()
-               for n in lessons)
-
-
 def staged_submission(submission: Path, lesson: int | None, stage: Path) -> tuple[Path, Path]:
     """(the folder to grade, laid out as DIR/lessonN/exercises.py; the folder the student's
-    file names start from) for the student's upload.
+    file names start from) for the student's upload, its files taken as every submission's
+    are (ddpcourse/course/intake.py: no link followed, plain files of bounded size).
 
     Students upload their exercises.py alone (graded as the zip's lesson), lessonN/ folders,
     or their copy of the course (lessons/lessonN/, as Gradescope's GitHub upload does); a zip
@@ -124,24 +119,39 @@ def staged_submission(submission: Path, lesson: int | None, stage: Path) -> tupl
     """
     lessons = [lesson] if lesson is not None else [
         registered.number for registered in all_lessons() if registered.exercises]
-    entries = [p for p in submission.iterdir() if not p.name.startswith(".")] \
-        if submission.is_dir() else []
-    if (len(entries) == 1 and entries[0].is_dir() and not holds_lessons(submission, lessons)
-            and not re.fullmatch(r"lessons?\d*", entries[0].name)):
-        return staged_submission(entries[0], lesson, stage)
-    if holds_lessons(submission, lessons):
-        return submission, submission
-    if (submission / "exercises.py").is_file():
-        if lesson is None:
+    taken = {}
+    for n in lessons:
+        try:
+            taken[n] = intake.take_placed(submission, n, loose=lesson is not None)
+        except intake.Missing:
+            continue
+        except intake.Refused as why:
+            raise SubmissionError(f"Not graded, 0 points: {why}.") from None
+    if not taken:
+        entries = [p for p in submission.iterdir() if not p.name.startswith(".")] \
+            if submission.is_dir() and not submission.is_symlink() else []
+        if (len(entries) == 1 and entries[0].is_dir() and not entries[0].is_symlink()
+                and not re.fullmatch(r"lessons?\d*", entries[0].name)):
+            return staged_submission(entries[0], lesson, stage)
+        if lesson is None and os.path.lexists(submission / "exercises.py"):
             raise SubmissionError("This autograder grades every lesson: upload each lesson's "
                                   "file in a folder of its own, lesson1/exercises.py, ...")
-        shutil.copytree(submission, stage / f"lesson{lesson}")  # with any module it imports
-        return stage, stage / f"lesson{lesson}"
-    uploaded = sorted(str(p.relative_to(submission)) for p in submission.rglob("*")
-                      if p.is_file()) if submission.is_dir() else []
-    want = f"lesson {lesson}'s exercises.py" if lesson else "lessonN/exercises.py folders"
-    raise SubmissionError(f"No exercises.py to grade: upload {want}. "
-                          f"Uploaded: {', '.join(uploaded[:20]) or 'nothing'}.")
+        uploaded = sorted(str(p.relative_to(submission)) for p in submission.rglob("*")
+                          if p.is_file()) if entries else []
+        want = f"lesson {lesson}'s exercises.py" if lesson else "lessonN/exercises.py folders"
+        raise SubmissionError(f"No exercises.py to grade: upload {want}. "
+                              f"Uploaded: {', '.join(uploaded[:20]) or 'nothing'}.")
+    stage.mkdir(parents=True, exist_ok=True)
+    os.chmod(stage, 0o755)  # the grader reads it again, as an unprivileged user
+    named_from = stage
+    for n, (files, place) in taken.items():
+        folder = stage / (place or f"lesson{n}/")
+        folder.mkdir(parents=True, exist_ok=True)
+        for name, data in files.items():
+            (folder / name).write_bytes(data)
+        if not place:  # a lone exercises.py: named as uploaded
+            named_from = folder
+    return stage, named_from
 
 
 def gradescope_results(out_dir: Path, uploaded: Path, lesson: int | None) -> dict:

@@ -31,6 +31,7 @@ import xml.etree.ElementTree as ET
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from ddpcourse.course import intake
 from ddpcourse.course.lessons import exercise_markers
 from ddpcourse.course.sandbox import zygote_for_this_process
 from ddpcourse.exercises import IMPLS, ROOT
@@ -53,6 +54,16 @@ def points_of(item) -> float:
     if marker is None or not marker.args:
         raise ValueError(f"{item.nodeid} has no points marker")
     return float(marker.args[0])
+
+
+# The grader's own relaunches in this grading process (ddpcourse/course/job_checks.py), for
+# results.json and the JUnit report: nothing the submission did is tried again.
+RETRIES: list[str] = []
+
+
+def record_retry(what: str) -> None:
+    RETRIES.append(what)
+    print(f"grading: {what}", file=sys.stderr)
 
 
 class ScoreKeeper:
@@ -105,7 +116,7 @@ class ScoreKeeper:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         data = {"finished": finished, "running": self.running, "tests": self.tests,
-                "graded": str(exercise_source_label())}
+                "graded": str(exercise_source_label()), "retries": list(RETRIES)}
         tmp = self.path.with_suffix(".tmp")
         tmp.write_text(json.dumps(data, indent=1))
         tmp.replace(self.path)
@@ -148,6 +159,20 @@ def grading_targets(lesson: int | None) -> list[str]:
     return [str(path)]
 
 
+def refused_lessons(submission: str | Path, lesson: int | None) -> dict[int, str]:
+    """{lesson: why} for each lesson (or this one) whose files the grader will not take from
+    the submission folder (ddpcourse/course/intake.py): those lessons score 0."""
+    refused = {}
+    for n in [lesson] if lesson is not None else graded_lessons():
+        try:
+            intake.take(Path(submission), n)
+        except intake.Refused as why:
+            refused[n] = str(why)
+        except intake.Missing:
+            pass
+    return refused
+
+
 def run_grading(lesson: int | None, out_dir: Path, impl: str = "student",
                 submission: str | None = None, timeout: float = 900,
                 quiet: bool = False) -> dict[str, dict]:
@@ -169,10 +194,16 @@ def run_grading(lesson: int | None, out_dir: Path, impl: str = "student",
     results = out_dir / "results.json"
     env = dict(os.environ, COURSE_IMPL=impl, COURSE_RESULTS=str(results))
     env.pop("COURSE_SUBMISSION", None)
-    if submission:
-        env["COURSE_SUBMISSION"] = str(Path(submission).resolve())
     who = f" {Path(submission).name}" if submission else ""
+    refused = {}
+    if submission:
+        # The folder itself, not where a link at its name points (intake refuses such a link).
+        env["COURSE_SUBMISSION"] = str(Path(submission).absolute())
+        refused = refused_lessons(submission, lesson)
+        for n, why in refused.items():
+            print(f"grading{who}: lesson {n} refused ({why}): it scores 0", file=sys.stderr)
     tests: dict[str, dict] = {}
+    retries: list[str] = []
     deselect: list[str] = []
     junit_parts: list[Path] = []
     for attempt in itertools.count():
@@ -190,6 +221,7 @@ def run_grading(lesson: int | None, out_dir: Path, impl: str = "student",
         if not results.exists():
             break
         data = json.loads(results.read_text())
+        retries += data.get("retries", [])
         for nodeid, test in data["tests"].items():
             if nodeid not in tests or test["outcome"] != "not run":
                 tests[nodeid] = test
@@ -197,12 +229,15 @@ def run_grading(lesson: int | None, out_dir: Path, impl: str = "student",
             break
         crashed = data["running"]
         tests[crashed]["outcome"] = "crashed"
+        retries.append(f"{crashed} killed the grading process: it scores zero, and the tests "
+                       "after it ran in a fresh one")
         print(f"grading{who}: {crashed} killed the grading process; it scores zero, "
               "grading goes on", file=sys.stderr)
         deselect = [n for n, t in tests.items() if t["outcome"] != "not run"]
-    results.write_text(json.dumps({"finished": True, "tests": tests,
-                                   "scores": summarise(tests)}, indent=1))
-    merge_junit(junit_parts, tests, out_dir / "junit.xml")
+    results.write_text(json.dumps({"finished": True, "tests": tests, "scores": summarise(tests),
+                                   "refused": {str(n): why for n, why in refused.items()},
+                                   "retries": retries}, indent=1))
+    merge_junit(junit_parts, tests, out_dir / "junit.xml", retries)
     return tests
 
 
@@ -213,7 +248,8 @@ def junit_address(nodeid: str) -> tuple[str, str]:
     return ".".join(path), name
 
 
-def merge_junit(parts: list[Path], tests: dict[str, dict], target: Path) -> None:
+def merge_junit(parts: list[Path], tests: dict[str, dict], target: Path,
+                retries: list[str] = ()) -> None:
     """One JUnit file for the whole grading, a test case for every graded test.
 
     The cases come from the child pytests' own files; a child that was killed wrote none, so
@@ -229,6 +265,10 @@ def merge_junit(parts: list[Path], tests: dict[str, dict], target: Path) -> None
             pass
         part.unlink(missing_ok=True)
     suite = ET.Element("testsuite", name="grading")
+    if retries:  # the grader's own relaunches, each said
+        properties = ET.SubElement(suite, "properties")
+        for retry in retries:
+            ET.SubElement(properties, "property", name="retry", value=retry)
     for nodeid, test in tests.items():
         classname, name = junit_address(nodeid)
         case = written.pop((classname, name), None)
@@ -291,8 +331,10 @@ def grade_lesson_of_class(lesson: int, students: list[Path], out: Path, timeout:
 
 
 def submission_folders(base: Path) -> list[Path]:
-    """A class's submission folders, in name order (hidden ones left out)."""
-    return sorted(p for p in base.iterdir() if p.is_dir() and not p.name.startswith("."))
+    """A class's submission folders, in name order (hidden ones left out); a link among them
+    is kept, for its grading to refuse it."""
+    return sorted(p for p in base.iterdir() if (p.is_dir() or p.is_symlink())
+                  and not p.name.startswith("."))
 
 
 def grade_students(students: list[Path], lessons: list[int], args) -> dict[str, dict]:
@@ -312,9 +354,14 @@ def grade_students(students: list[Path], lessons: list[int], args) -> dict[str, 
                 continue
             lesson_scores = summarise(tests)
             record["scores"].update({e: s["earned"] for e, s in lesson_scores.items()})
+            saved = out / student.name / f"lesson{lesson}" / "results.json"
+            refused = json.loads(saved.read_text()).get("refused", {}) if saved.exists() else {}
+            record.setdefault("refused", []).extend(
+                f"lesson {n} refused: {why}" for n, why in refused.items())
             print(f"{student.name}: lesson {lesson}: "
                   f"{sum(s['earned'] for s in lesson_scores.values()):g} of "
-                  f"{sum(s['possible'] for s in lesson_scores.values()):g} points")
+                  f"{sum(s['possible'] for s in lesson_scores.values()):g} points"
+                  + "".join(f" (refused: {why})" for why in refused.values()))
         elapsed = time.perf_counter() - started
         print(f"lesson {lesson}: {len(students)} submissions in {elapsed:.0f} s "
               f"({elapsed / len(students):.1f} s each)", flush=True)
@@ -338,7 +385,8 @@ def write_class_results(results: dict[str, dict], lessons: list[int], csv_path: 
         for name, record in results.items():
             earned, why_not = record["scores"], record["not_graded"]
             total = None if why_not else sum(earned.values())
-            status = "not graded: " + "; ".join(why_not) if why_not else "graded"
+            status = "not graded: " + "; ".join(why_not) if why_not else "; ".join(
+                ["graded", *record.get("refused", [])])
             writer.writerow([name, *(f"{earned[e]:g}" if e in earned else "" for e in exercises),
                              "" if total is None else f"{total:g}", status])
             rows[name] = {"scores": earned, "total": total, "status": status}

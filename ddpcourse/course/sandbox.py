@@ -43,7 +43,9 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from ddpcourse.exercises import ROOT, exercise_file
+from ddpcourse.course import intake
+from ddpcourse.course.sandbox_child import MAX_REPLY
+from ddpcourse.exercises import ROOT, exercise_folder
 
 MEMORY_LIMIT = int(float(os.environ.get("COURSE_SANDBOX_MEMORY_GB", "6")) * 2**30)
 CALL_TIMEOUT = float(os.environ.get("COURSE_SANDBOX_CALL_TIMEOUT", "300"))
@@ -91,6 +93,21 @@ class Returned:
 
     def __repr__(self):
         return f"{self._type_name}({', '.join(f'{k}={v!r}' for k, v in self._fields.items())})"
+
+
+def handed_in(lesson: int) -> tuple[dict[str, bytes], str]:
+    """(the lesson's files, "") from the folder COURSE_SUBMISSION / COURSE_IMPL name, taken
+    by ddpcourse/course/intake.py; or ({}, why none are graded) in one line."""
+    folder = exercise_folder()
+    try:
+        return intake.take(folder, lesson), ""
+    except intake.Missing as missing:
+        why = str(missing)
+        if not os.environ.get("COURSE_SUBMISSION", "").strip() and not folder.exists():
+            why = f"{folder} does not exist (this copy of the course has no solutions)"
+        return {}, f"has no lesson {lesson} to grade: {why}"
+    except intake.Refused as why:
+        return {}, f"was refused: {why}"
 
 
 def real_python() -> str:
@@ -187,6 +204,34 @@ def resident_bytes(pids: list[int]) -> int:
     return total
 
 
+def tmpfs_bytes(pids: list[int], paths: list[str]) -> int:
+    """What a sandbox holds in its own tmpfs (/tmp, /dev/shm, its home): memory no process's
+    resident size shows. Read through the root of one of its processes `pids` (as root)."""
+    for pid in pids:
+        try:
+            total = 0
+            for path in paths:
+                stats = os.statvfs(f"/proc/{pid}/root{path}")
+                total += (stats.f_blocks - stats.f_bfree) * stats.f_frsize
+            return total
+        except OSError:
+            continue
+    return 0
+
+
+def remove_tree(path: Path) -> None:
+    """Remove a scratch tree whatever its shape: folders too deep for shutil's recursion,
+    or made unreadable, are left to GNU rm after their modes are opened up."""
+    try:
+        shutil.rmtree(path, ignore_errors=True)
+    except RecursionError:  # raised despite ignore_errors
+        pass
+    if os.path.lexists(path):
+        subprocess.run(["chmod", "-R", "u+rwx", str(path)], capture_output=True, timeout=300)
+        subprocess.run(["rm", "-rf", "--one-file-system", str(path)], capture_output=True,
+                       timeout=300)
+
+
 class ZygoteChild:
     """A sandbox forked by the zygote (sandbox_child.zygote), held as Popen holds a child:
     pid, poll(), wait(), returncode, stdout. Its exit status comes on a pipe of its own."""
@@ -275,7 +320,7 @@ class Submission:
 
     def __init__(self, lesson: int):
         self._lesson = lesson
-        self._source = exercise_file(lesson)  # trusted: reads the grader's environment
+        self._files, self._refused = handed_in(lesson)
         self._proc = None
         self._world = 0
         self._seq = 0
@@ -287,6 +332,8 @@ class Submission:
     # --- the child's life ------------------------------------------------------------------
 
     def _start(self) -> None:
+        if self._refused:
+            raise SubmissionError(f"the submission {self._refused}")
         scratch = Path(tempfile.mkdtemp(prefix="course-sandbox-"))
         self._scratch = scratch
         os.chmod(scratch, 0o711)
@@ -294,8 +341,8 @@ class Submission:
         copy_release(release)
         submission = scratch / "submission" / f"lesson{self._lesson}"
         submission.mkdir(parents=True)
-        for path in self._source.parent.glob("*.py"):
-            shutil.copy2(path, submission / path.name)
+        for name, data in self._files.items():
+            (submission / name).write_bytes(data)
         home = scratch / "home"
         (home / "tmp").mkdir(parents=True)
         venv = Path(sys.prefix)
@@ -336,7 +383,7 @@ class Submission:
             cmd += [f"--uid={self._uid}", f"--root={view['root']}",
                     *[f"--readable={p}" for p in view["readable"]],
                     *[f"--writable={p}" for p in view["writable"]]]
-            cmd = ["unshare", "--mount", "--net", "--pid", "--fork", "--kill-child",
+            cmd = ["unshare", "--mount", "--ipc", "--net", "--pid", "--fork", "--kill-child",
                    "--mount-proc", "--propagation", "private", "--", *cmd]
         else:  # what it starts and leaves behind is reparented to this process, then ended
             ctypes.CDLL(None).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
@@ -366,10 +413,13 @@ class Submission:
         # Only while this child is the one this Submission holds: its user id passes to the
         # next sandbox once it is closed, and this watch must not judge that one.
         while proc.poll() is None and self._proc is proc:
-            pids = [proc.pid, *processes_of(self._uid, proc.pid)]
-            used = resident_upper_bound(pids)
+            theirs = processes_of(self._uid, proc.pid)
+            pids = [proc.pid, *theirs]
+            held = tmpfs_bytes(theirs, [str(self._scratch / "home"), "/tmp", "/dev/shm"]) \
+                if self._uid is not None else 0
+            used = resident_upper_bound(pids) + held
             if used > MEMORY_LIMIT:  # the exact count (smaps) only when it may be over
-                used = resident_bytes(pids)
+                used = resident_bytes(pids) + held
             if used > MEMORY_LIMIT:
                 if self._proc is not proc:
                     return
@@ -415,7 +465,7 @@ class Submission:
             except OSError:
                 pass
         self._proc = None
-        shutil.rmtree(self._scratch, ignore_errors=True)
+        remove_tree(self._scratch)
         lock = getattr(self, "_uid_lock", None)
         if lock is not None:
             lock.close()
@@ -464,8 +514,8 @@ class Submission:
         deadline = time.monotonic() + timeout
         header = self._read(8, deadline, timeout)
         size = struct.unpack("<Q", header)[0]
-        if size > 2**30:
-            raise SubmissionError("the submission's answer is over 1 GB")
+        if size > MAX_REPLY:
+            raise SubmissionError(f"the submission's answer is over {MAX_REPLY} bytes")
         data = self._read(size, deadline, timeout)
         reply = torch.load(io.BytesIO(data), weights_only=True)
         if not isinstance(reply, dict):
@@ -576,6 +626,27 @@ class Submission:
         return done
 
 
+def checked_tensor(tensor):
+    """A tensor the child sent, once its shape, strides and storage agree: plain, inside its
+    storage, and no more elements than the storage holds. torch.load rebuilds whatever view
+    the bytes describe, and a view of a few bytes can stand for gigabytes once the judge
+    computes with it."""
+    import torch
+
+    if tensor.layout != torch.strided:
+        raise SubmissionError("the submission's answer holds a tensor that is not plain")
+    if tensor.numel() == 0:
+        return tensor
+    size, stride = list(tensor.shape), list(tensor.stride())
+    storage = tensor.untyped_storage().nbytes()
+    last = tensor.storage_offset() + sum((n - 1) * st for n, st in zip(size, stride, strict=True))
+    inside = min(stride, default=0) >= 0 and (last + 1) * tensor.element_size() <= storage
+    if not inside or tensor.numel() * tensor.element_size() > storage:
+        raise SubmissionError(f"the submission's answer holds a tensor of shape {size} and "
+                              f"strides {stride} over {storage} bytes of storage")
+    return tensor
+
+
 def to_judge(obj):
     """Arguments for the child: Handles as the child knows them, the rest as it is."""
     if isinstance(obj, Handle):
@@ -593,7 +664,9 @@ def from_data(obj):
     rebuilt; anything else must be plain data."""
     import torch
 
-    if obj is None or type(obj) in (bool, int, float, str, bytes, complex, torch.Tensor):
+    if type(obj) is torch.Tensor:
+        return checked_tensor(obj)
+    if obj is None or type(obj) in (bool, int, float, str, bytes, complex):
         return obj
     if isinstance(obj, list):
         return [from_data(v) for v in obj]
@@ -606,7 +679,7 @@ def from_data(obj):
         if keys == {"__set__"}:
             return set(from_data(obj["__set__"]))
         if keys == {"__ndarray__"}:
-            return obj["__ndarray__"].numpy()
+            return checked_tensor(obj["__ndarray__"]).numpy()
         if keys == {"__object__", "fields"} and isinstance(obj["fields"], dict):
             return Returned(str(obj["__object__"]), from_data(obj["fields"]))
         if keys == {"__repr__"}:

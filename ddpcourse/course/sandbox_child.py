@@ -71,12 +71,25 @@ def bind(source: str, root: str, writable: bool = False) -> None:
         mount("-o", "remount,bind,ro", target)
 
 
-def enter_minimal_root(root: str, readable: list[str], writable: list[str]) -> None:
+# What a sandbox may hold outside its processes' memory, each a tmpfs of its own (counted in
+# its memory by the judge, and gone with its mount namespace): /tmp, /dev/shm, its home.
+TMP_BYTES = 512 << 20
+SHM_BYTES = 512 << 20
+HOME_BYTES = 1 << 30
+# Its IPC namespace's own limits: System V shared memory, message queues, POSIX queues.
+IPC_LIMITS = {"kernel/shmmax": 256 << 20, "kernel/shmall": (256 << 20) // 4096,
+              "kernel/shmmni": 64, "kernel/msgmni": 16, "fs/mqueue/queues_max": 8}
+# Processes and threads of its user, all namespaces together: a fork bomb stops here (lesson
+# 4's grading, jobs of 4 ranks, held at most 68 at once, measured).
+MAX_TASKS = 1024
+
+
+def enter_minimal_root(root: str, readable: list[str], writable: list[str], uid: int) -> None:
     """As root inside the new namespaces: a file system that holds the system's programs and
     libraries, the interpreter, the course's copy, the submission and its own writable home,
     and nothing else (no checkout of the course anywhere on the machine, no other student, no
-    results); then chroot into it. Private /tmp, /dev/shm and /proc (of the new PID
-    namespace). TMPDIR is a folder of its home."""
+    results); then chroot into it. /tmp, /dev/shm and each writable folder are bounded tmpfs
+    of its own, /proc that of the new PID namespace. TMPDIR is a folder of its home."""
     mount("--make-rprivate", "/")
     mount("-t", "tmpfs", "-o", "size=1m,mode=0755", "sandbox-root", root)
     for path in SYSTEM:
@@ -84,21 +97,33 @@ def enter_minimal_root(root: str, readable: list[str], writable: list[str]) -> N
             bind(path, root)
     os.makedirs(root + "/dev")
     mount("--rbind", "/dev", root + "/dev")
-    mount("-t", "tmpfs", "-o", "mode=1777", "shm", root + "/dev/shm")
+    mount("-t", "tmpfs", "-o", f"size={SHM_BYTES},mode=1777", "shm", root + "/dev/shm")
     os.makedirs(root + "/proc")
     mount("-t", "proc", "proc", root + "/proc")
+    for name, value in IPC_LIMITS.items():
+        with open(f"{root}/proc/sys/{name}", "w") as f:
+            f.write(str(value))
     os.makedirs(root + "/tmp")
-    mount("-t", "tmpfs", "-o", "mode=1777", "tmp", root + "/tmp")
+    mount("-t", "tmpfs", "-o", f"size={TMP_BYTES},mode=1777", "tmp", root + "/tmp")
     for path in readable:
         bind(path, root)
     for path in writable:
-        bind(path, root, writable=True)
+        target = root + os.path.abspath(path)
+        os.makedirs(target, exist_ok=True)
+        mount("-t", "tmpfs", "-o", f"size={HOME_BYTES},mode=0700,uid={uid},gid={uid}",
+              "home", target)
+        os.makedirs(target + "/tmp")
+        os.chown(target + "/tmp", uid, uid)
     os.chroot(root)
     os.chdir("/")
 
 
 def drop_to(uid: int) -> None:
-    """Become `uid` for good: no groups, no capabilities, no way back (no_new_privs)."""
+    """Become `uid` for good: no groups, no capabilities, no way back (no_new_privs), at most
+    MAX_TASKS processes and threads."""
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_NPROC, (MAX_TASKS, MAX_TASKS))
     os.setgroups([])
     os.setresgid(uid, uid, uid)
     os.setresuid(uid, uid, uid)
@@ -109,7 +134,7 @@ def drop_to(uid: int) -> None:
 def isolate(root: str, readable: list[str], writable: list[str], uid: int) -> None:
     """Loopback up, the minimal file system, then the unprivileged user."""
     loopback_up()
-    enter_minimal_root(root, readable, writable)
+    enter_minimal_root(root, readable, writable, uid)
     drop_to(uid)
 
 
@@ -382,7 +407,8 @@ def read_exactly(reader, n: int) -> bytes:
 
 # --- the warm template ----------------------------------------------------------------------
 
-CLONE_NEWNS, CLONE_NEWPID, CLONE_NEWNET = 0x00020000, 0x20000000, 0x40000000
+CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWPID, CLONE_NEWNET = \
+    0x00020000, 0x08000000, 0x20000000, 0x40000000
 ZYGOTE_PRELOAD = ("torch.distributed", "torch.distributed.run", "torch.distributed.optim",
                   "torch.distributed.pipelining", "torch.nn.parallel", "torch.utils.data")
 PR_SET_PDEATHSIG = 1
@@ -440,7 +466,7 @@ def zygote(sock_path: str, owner: int) -> None:
 
 
 def start_sandbox(request: dict, fds: list[int]) -> None:
-    """In a fork of the zygote: new mount, network and PID namespaces; the sandbox is PID 1
+    """In a fork of the zygote: new mount, IPC, network and PID namespaces; the sandbox is PID 1
     of the new one (when it ends, the kernel ends all it started) and dies with this process,
     which reports its exit status on its own pipe and is what the judge holds."""
     import signal
@@ -449,7 +475,7 @@ def start_sandbox(request: dict, fds: list[int]) -> None:
     try:
         os.setsid()
         libc = ctypes.CDLL(None, use_errno=True)
-        if libc.unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWPID) != 0:
+        if libc.unshare(CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWNET | CLONE_NEWPID) != 0:
             raise OSError(ctypes.get_errno(), "unshare")
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         child = os.fork()

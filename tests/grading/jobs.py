@@ -24,6 +24,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from ddpcourse.course.grading import record_retry
+from ddpcourse.course.job_checks import STATE, run_each_check
 from ddpcourse.course.sandbox import Submission, from_data
 
 WORKERS = Path(__file__).parent / "workers"
@@ -72,17 +74,19 @@ def run_job(job: Job, **launch_args) -> subprocess.CompletedProcess:
             observed = Path(replay) / f"{name}.pt"
             _results[name].observations = from_data(torch.load(observed, weights_only=True)) \
                 if observed.exists() else None
+            if isinstance(_results[name].observations, dict):
+                _results[name].observations.pop(STATE, None)
         else:
-            allow_the_launch(launch_args.get("timeout", 600) + 90)
-            # In the submission's sandbox: its ranks run its code, and what they print is
-            # data to this process.
-            result = _graded["now"].job(worker, script_args, **launch_args)
-            if getattr(result, "observations", None) is None and result.returncode != 0:
-                # A job that left nothing at all to judge is launched once more: a loaded
-                # machine has been seen to lose one (a rank gone at start-up, no message), and
-                # that must not cost the student; code that ends its job ends it again.
+            def launch_once(skip):
                 allow_the_launch(launch_args.get("timeout", 600) + 90)
-                result = _graded["now"].job(worker, script_args, **launch_args)
+                # In the submission's sandbox: its ranks run its code, and what they print
+                # is data to this process.
+                return _graded["now"].job(worker, [*script_args, *(
+                    ["--skip", ",".join(skip)] if skip else [])], **launch_args)
+
+            result = run_each_check(launch_once, job.nproc * job.nnodes)
+            for retry in result.retries:
+                record_retry(f"{name}: {retry}")
             _results[name] = result
     return _results[name]
 

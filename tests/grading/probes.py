@@ -6,7 +6,9 @@ process (ddpcourse/course/sandbox_child.py) with the exercises module as its fir
 and returns data only; the test judges that data in its own process. A probe observes what
 only the submission's process can see (a tensor changed in place, a forward's decision, the
 global generator, a rename); what it reports the submission could forge, so every probe's
-result that can be recomputed is recomputed by the judge (tests/grading/README.md).
+result that can be recomputed is recomputed by the judge (tests/grading/README.md). A probe
+never judges: beside the submission any function it calls (torch.equal, ==, isinstance) may
+be the submission's own, so it returns what it saw and every comparison is the judge's.
 """
 
 import io
@@ -44,26 +46,32 @@ def average_gradients_once(ex, x):
     model(x).sum().backward()
     before = [p.grad.clone() for p in model.parameters()]
     ex.average_gradients(model)
-    return before, [None if p.grad is None else p.grad for p in model.parameters()]
+    return before, [p.grad for p in model.parameters()]
+
+
+def class_names(cls):
+    """The dotted names of a class and of every class it derives from: whether an object is
+    a module or a loader, for the judge to decide."""
+    return [f"{c.__module__}.{c.__qualname__}" for c in cls.__mro__]
 
 
 def train_ddp_once(ex, x, y):
-    """(whether train_ddp returned a module, its state before and after) in a world of one."""
+    """(the classes of what train_ddp returned, the model's state before, and the state of
+    what it returned) in a world of one."""
     from torch.utils.data import TensorDataset
 
     model = tiny_model()
     start = {k: v.clone() for k, v in model.state_dict().items()}
     trained = ex.train_ddp(model, TensorDataset(x, y), global_batch=8, epochs=1, lr=0.1)
-    if not isinstance(trained, nn.Module):
-        return False, start, {}
-    return True, start, dict(trained.state_dict())
+    state = trained.state_dict() if hasattr(trained, "state_dict") else {}
+    return class_names(type(trained)), start, dict(state)
 
 
 # --- lesson 4 --------------------------------------------------------------------------------
 
 def ring_all_reduce_once(ex, x):
     returned = ex.ring_all_reduce(x)
-    return x, returned is x
+    return x, returned is x  # an identity only this process sees: an observation, not a verdict
 
 
 def all_gather_once(ex, out, x):
@@ -86,11 +94,11 @@ def node_group_once(ex):
 # --- lesson 6 --------------------------------------------------------------------------------
 
 def global_generator_after(ex, seed, *args):
-    """resume_indices' answer, and whether torch's global generator is as it was."""
+    """resume_indices' answer, and torch's global generator's state after it, seeded with
+    `seed` before (the judge compares it with that seed's state)."""
     torch.manual_seed(seed)
-    before = torch.get_rng_state()
     mine = ex.resume_indices(*args)
-    return mine, torch.equal(torch.get_rng_state(), before)
+    return mine, torch.get_rng_state()
 
 
 def capture_and_restore_once(ex):
@@ -106,14 +114,18 @@ def capture_and_restore_once(ex):
                      torch.Generator())
 
 
+def snapshot_python_rng():
+    """The state of Python's generator that snapshot_state holds (the judge builds it too)."""
+    return random.Random(5).getstate()
+
+
 def snapshot_state():
     """A snapshot as the course writes them: tensors, numbers, and Python's and NumPy's
     generator states (which torch.load's default, weights_only=True, refuses)."""
     import numpy as np
 
-    random.seed(5)
     np.random.seed(5)
-    return {"weights": torch.arange(6.0), "step": 12, "python_rng": random.getstate(),
+    return {"weights": torch.arange(6.0), "step": 12, "python_rng": snapshot_python_rng(),
             "numpy_rng": np.random.get_state()}
 
 
@@ -136,7 +148,7 @@ def step_in(path):
 def load_summary(ex, path, **kwargs):
     state, used = ex.load_snapshot(path, **kwargs)
     return {"used": used, "step": state.get("step"), "weights": state.get("weights"),
-            "python_rng_same": state.get("python_rng") == snapshot_state()["python_rng"],
+            "python_rng": state.get("python_rng"),
             "numpy_rng_kind": (state.get("numpy_rng") or [None])[0]}
 
 
@@ -202,12 +214,14 @@ def crash_while_writing(ex):
 
 
 class WatchedFiles:
-    """Records every rename (os.replace, os.rename, and what calls them: shutil.move,
-    Path.replace) and whether its source had been fsynced with all its bytes by then."""
+    """Records, in order, every rename (os.replace, os.rename, and what calls them:
+    shutil.move, Path.replace) and every fsync, each with its file's (device, inode, size) at
+    that moment: whether a renamed file had been fsynced with all its bytes is the judge's."""
 
     def __init__(self):
-        self.renames = []   # (source, destination, synced)
-        self.synced = set()  # (device, inode, size) of files at the moment they were fsynced
+        # {"rename": (source, destination), "file": [device, inode, size] or None}
+        # or {"fsync": [device, inode, size]}
+        self.events = []
 
     def replacements(self):
         return [(os, name, watch(getattr(os, name))) for name, watch in
@@ -218,38 +232,34 @@ class WatchedFiles:
         def rename(source, destination, *args, **kwargs):
             try:
                 facts = os.stat(source)
-                synced = (facts.st_dev, facts.st_ino, facts.st_size) in self.synced
+                file = [facts.st_dev, facts.st_ino, facts.st_size]
             except OSError:  # the rename itself will say what is wrong
-                synced = False
-            self.renames.append((os.path.realpath(source), os.path.realpath(destination),
-                                 synced))
+                file = None
+            self.events.append({"rename": (os.path.realpath(source),
+                                           os.path.realpath(destination)), "file": file})
             return real(source, destination, *args, **kwargs)
         return rename
 
     def syncing(self, real):
         def sync(fd):
             facts = os.fstat(fd if isinstance(fd, int) else fd.fileno())
-            self.synced.add((facts.st_dev, facts.st_ino, facts.st_size))
+            self.events.append({"fsync": [facts.st_dev, facts.st_ino, facts.st_size]})
             return real(fd)
         return sync
-
-    def arrivals(self, path):
-        """(source, synced) of each rename that put a file at `path`."""
-        return [(source, synced) for source, destination, synced in self.renames
-                if destination == os.path.realpath(path)]
 
 
 def two_saves(ex):
     """save_snapshot into a new folder, then over that snapshot, watched: the snapshot's
-    real path and [renames onto it at each save]."""
+    real path and, per save, (its real path after the save, the renames and fsyncs of the
+    save in order)."""
     path = os.path.join(scratch("two_saves"), "run", "snap.pt")
-    arrivals = []
+    saves = []
     for step in (1, 2):
         watched = WatchedFiles()
         with replaced(ex, watched.replacements()):
             ex.save_snapshot({"step": step, "weights": torch.zeros(1000)}, path)
-        arrivals.append(watched.arrivals(path))
-    return os.path.realpath(path), arrivals
+        saves.append((os.path.realpath(path), watched.events))
+    return os.path.realpath(path), saves
 
 
 def damaged(ex):
@@ -293,7 +303,7 @@ def map_location_used(ex):
         return storage
 
     state, _ = ex.load_snapshot(path, map_location=where)
-    return bool(seen), state.get("weights")
+    return seen, state.get("weights")
 
 
 # --- lesson 7 --------------------------------------------------------------------------------
@@ -393,15 +403,16 @@ lesson7_small_model = small_model  # the job's model too
 
 class StandInForDDP(nn.Module):
     """What accumulation_step sees of DDP in a one-process test, without a process group:
-    the module, and no_sync(). As DDP does, it decides at each forward whether the backward
-    that follows would all-reduce the gradients (outside no_sync, with grad enabled), and
-    notes the decision. The real DDP grades the same code in the job."""
+    the module, and no_sync(). DDP decides at each forward whether the backward that follows
+    will all-reduce the gradients, from require_backward_grad_sync (False inside no_sync) and
+    whether grad is enabled: the stand-in notes both at each forward, and the judge decides.
+    The real DDP grades the same code in the job."""
 
     def __init__(self, module):
         super().__init__()
         self.module = module
         self.require_backward_grad_sync = True
-        self.synced: list[bool] = []  # per forward: would its backward all-reduce?
+        self.forwards: list[tuple] = []  # per forward: (require_backward_grad_sync, grad on)
 
     @contextmanager
     def no_sync(self):
@@ -413,7 +424,7 @@ class StandInForDDP(nn.Module):
             self.require_backward_grad_sync = before
 
     def forward(self, *args, **kwargs):
-        self.synced.append(self.require_backward_grad_sync and torch.is_grad_enabled())
+        self.forwards.append((self.require_backward_grad_sync, torch.is_grad_enabled()))
         return self.module(*args, **kwargs)
 
 
@@ -425,22 +436,22 @@ def accumulation_data(k, steps):
 
 def accumulate_in_one_process(ex, k, steps=2):
     """`steps` accumulation steps of k micro-batches of 4: the parameters after, per step the
-    parameters it started from, the forwards' all-reduce decisions, the batch sizes the
-    model itself saw, and the value returned."""
+    parameters it started from, what each forward saw of no_sync (StandInForDDP.forwards),
+    the batch sizes the model itself saw, and the value returned."""
     model = small_model()
     wrapped = StandInForDDP(model)
     optimizer = torch.optim.SGD(wrapped.parameters(), lr=0.1, momentum=0.9)
-    starts, decisions, sizes, returned = [], [], [], []
+    starts, forwards, sizes, returned = [], [], [], []
     # On the model itself, so a forward through ddp_model.module counts too.
     model.register_forward_pre_hook(lambda module, args: sizes[-1].append(len(args[0])))
     for micro_batches in accumulation_data(k, steps):
         starts.append({n: p.detach().clone() for n, p in model.state_dict().items()})
-        wrapped.synced = []
+        wrapped.forwards = []
         sizes.append([])
         returned.append(ex.accumulation_step(wrapped, optimizer, micro_batches,
                                              F.cross_entropy))
-        decisions.append(wrapped.synced)
-    return dict(model.state_dict()), starts, decisions, sizes, returned
+        forwards.append(wrapped.forwards)
+    return dict(model.state_dict()), starts, forwards, sizes, returned
 
 
 # --- lesson 8 --------------------------------------------------------------------------------
@@ -502,8 +513,8 @@ def zero1_first_call(ex):
 
 
 def zero1_in_a_world_of_one(ex, x, y):
-    """Two Adam steps through Zero1Optimizer in a world of one: the state after, whether
-    zero_grad() left None, the gradients after zero_grad(set_to_none=False), the owners."""
+    """Two Adam steps through Zero1Optimizer in a world of one: the state after, the
+    gradients after zero_grad() and after zero_grad(set_to_none=False), the owners."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))
     zero = ex.Zero1Optimizer(model.parameters(), torch.optim.Adam, lr=0.05)
@@ -511,10 +522,11 @@ def zero1_in_a_world_of_one(ex, x, y):
         nn.functional.cross_entropy(model(x), y).backward()
         zero.step()
         zero.zero_grad()
-    grads_none = all(p.grad is None for p in model.parameters())
+    grads_after_zero_grad = [p.grad for p in model.parameters()]
     nn.functional.cross_entropy(model(x), y).backward()
     zero.zero_grad(set_to_none=False)
-    return {"params": [p.detach() for p in model.parameters()], "grads_none": grads_none,
+    return {"params": [p.detach() for p in model.parameters()],
+            "grads_after_zero_grad": grads_after_zero_grad,
             "grads_after": [p.grad for p in model.parameters()],
             "owners": [int(o) for o in zero.owners]}
 
@@ -638,7 +650,8 @@ def sharded_epochs(ex, spec, rank, world, seed=0, epochs=2):
             sampler.set_epoch(epoch)
         read.append([[list(map(int, item)) if isinstance(item, tuple) else int(item)
                       for item in batch] for batch in loader])
-    return {"read": read, "is_loader": isinstance(loader, torch.utils.data.DataLoader),
+    # Whether the sampler has set_epoch only this process can see: an observation.
+    return {"read": read, "loader_classes": class_names(type(loader)),
             "set_epoch": hasattr(sampler, "set_epoch"),
             "num_workers": getattr(loader, "num_workers", None)}
 

@@ -572,11 +572,15 @@ def mean_loss(model, micro_batches) -> float:
 def accumulate_in_one_process(ex, k, steps=2):
     """After `steps` accumulation steps of k micro-batches of 4 (in the submission's process,
     probes.py): the trained parameters, the reference trained here, per step the forwards'
-    all-reduce decisions, per step the batch sizes the model itself saw, and per step (the
-    loss returned, the mean loss before the step, computed here)."""
+    all-reduce decisions (made here, from what each forward saw), per step the batch sizes
+    the model itself saw, and per step (the loss returned, the mean loss before the step,
+    computed here)."""
     data = accumulation_data(k, steps)
-    trained, starts, decisions, sizes, returned = ex.probe("accumulate_in_one_process", k,
-                                                           steps)
+    trained, starts, forwards, sizes, returned = ex.probe("accumulate_in_one_process", k,
+                                                          steps)
+    # As DDP decides at each forward: all-reduce after its backward outside no_sync (which
+    # clears require_backward_grad_sync), with grad enabled.
+    decisions = [[sync and grad_on for sync, grad_on in step] for step in forwards]
     model = small_model()
     model.load_state_dict(trained)
     losses = []

@@ -10,6 +10,9 @@ and not a byte of the course or of another submission changed.
 
 Full isolation needs root (an unprivileged user of its own, namespaces and a file system of
 its own): CI and Gradescope run as root; elsewhere this test skips, saying so.
+
+The grader's probes run beside the submission, where it may have replaced torch.equal: a
+lesson 6 submission that does must score what its honest part earns too (no root needed).
 """
 
 import hashlib
@@ -22,21 +25,20 @@ import time
 from pathlib import Path
 
 import pytest
-from util import PYTHON, ROOT, run
+from util import PYTHON, ROOT, grade_class_of_lesson1, run
 
+from ddpcourse.course.grading import summarise
 from ddpcourse.course.sandbox import FIRST_UID, UID_SLOTS, is_root
 
 CHEATS = Path(__file__).parent / "cheats"
 HONEST = re.compile(r"Honest score: (\d+)\.")
 FULL_MARKS = 20  # lesson 1
 
-pytestmark = [
-    pytest.mark.skipif(not is_root(), reason="the grading sandbox isolates students only when "
-                       "the grader runs as root with util-linux's unshare (as CI and "
-                       "Gradescope do)"),
-    pytest.mark.skipif(not (ROOT / "solutions").is_dir(),
-                       reason="this copy of the course has no solutions/"),
-]
+pytestmark = pytest.mark.skipif(not (ROOT / "solutions").is_dir(),
+                                reason="this copy of the course has no solutions/")
+needs_root = pytest.mark.skipif(not is_root(), reason="the grading sandbox isolates students "
+                                "only when the grader runs as root with util-linux's unshare "
+                                "(as CI and Gradescope do)")
 
 
 def digest(paths) -> str:
@@ -82,6 +84,7 @@ def running_leftovers(marker: bytes) -> list[str]:
     return found
 
 
+@needs_root
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_every_cheat_scores_its_honest_score_and_touches_no_one(tmp_path):
@@ -102,32 +105,28 @@ def test_every_cheat_scores_its_honest_score_and_touches_no_one(tmp_path):
     assert len(honest) >= 9, "a cheat for every class of hole"
     course_before = digest(course_files())
     class_before = {p.name: digest([p]) for p in klass.iterdir()}
-    out = tmp_path / "grades"
-
-    graded = run([PYTHON, "-m", "ddpcourse.course.grading", "class", str(klass), "--lesson", "1",
-                  "--csv", str(out / "class.csv"), "--out", str(out / "class"),
-                  "--workers", "2"], timeout=540)
-    assert graded.returncode == 0, graded.stdout[-3000:] + graded.stderr[-3000:]
-    students = json.loads((out / "class.json").read_text())["students"]
+    students = grade_class_of_lesson1(klass, tmp_path / "grades", timeout=540)
     wrong = {name: (row["total"], row["status"]) for name, row in students.items()
              if row["total"] != honest[name] or row["status"] != "graded"}
-    assert not wrong, (f"scores (total, status) other than the honest ones {honest}: {wrong}\n"
-                       + graded.stdout[-3000:])
+    assert not wrong, f"scores (total, status) other than the honest ones {honest}: {wrong}"
     assert not daemons(), "still running after grading: " + "; ".join(daemons())
     assert digest(course_files()) == course_before, "a course file changed"
     assert {p.name: digest([p]) for p in klass.iterdir()} == class_before, \
         "a submission folder changed"
 
 
+@needs_root
 def test_every_cheat_says_its_class_and_honest_score():
     for cheat in sorted(CHEATS.glob("*.py")):
         text = cheat.read_text()
         assert re.match(r'"""class \d, ', text) and HONEST.search(text), cheat.name
     classes = {int(re.match(r'"""class (\d)', p.read_text()).group(1))
                for p in CHEATS.glob("*.py")}
-    assert classes == {1, 2, 3, 4, 5, 6}
+    # Class 7 (files that are not the student's own) is folder shapes, not code: test_intake.py.
+    assert classes == {1, 2, 3, 4, 5, 6, 8}
 
 
+@needs_root
 def test_a_child_cannot_see_the_checkout_write_the_record_or_reach_the_network(tmp_path):
     """The sandbox itself, probed from inside with a submission that reports what it can do."""
     if not is_root():
@@ -191,3 +190,50 @@ ex.close()
     assert seen["net"] in ("OSError", "TimeoutError", "ConnectionRefusedError"), seen
     assert seen["daemon"] == "started", seen
     assert not daemons(marker.encode()), "what the sandbox started still runs"
+
+
+# --- a verdict forged beside the grader's probe ---------------------------------------------
+
+# The grader's probes (tests/grading/probes.py) run in the submission's process, where the
+# submission may have replaced any function: a probe that compared there would report the
+# submission's answer. The mistake reseeds torch's global generator, which lesson 6's
+# GENERATOR_TEST checks through the probe global_generator_after.
+GENERATOR_EXERCISE = "l6_resume_position"
+GENERATOR_TEST = "test_torchs_global_generator_is_left_alone"
+GENERATOR_MISTAKE = ROOT / "tests" / "project" / "wrong_submissions" / "lesson6" / \
+    "position_seeds_the_global_generator.py"
+EVERY_TENSOR_EQUAL = "\n\n# --- the cheat\ntorch.equal = lambda *a, **k: True\n"
+
+
+def grade_lesson6_exercise(folder: Path, results: Path) -> dict[str, dict]:
+    """GENERATOR_EXERCISE's grading tests of one submission folder: test name -> its result."""
+    report = run([PYTHON, "-m", "pytest", "tests/grading/test_lesson6.py", "-q", "--tb=line",
+                  "-p", "no:cacheprovider", "-m", GENERATOR_EXERCISE],
+                 env={"COURSE_SUBMISSION": str(folder), "COURSE_RESULTS": str(results)},
+                 timeout=240)
+    assert results.exists(), report.stdout[-3000:] + report.stderr[-2000:]
+    tests = json.loads(results.read_text())["tests"]
+    assert tests, report.stdout[-3000:]
+    return {nodeid.rsplit("::", 1)[-1]: test for nodeid, test in tests.items()}
+
+
+@pytest.mark.slow
+@pytest.mark.grading_heavy
+@pytest.mark.timeout(540)
+def test_a_submission_that_replaces_torch_equal_scores_its_honest_score(tmp_path):
+    """The reference solution with GENERATOR_MISTAKE, once as it is and once with torch.equal
+    replaced at import to say every two tensors are equal: both lose GENERATOR_TEST's points,
+    and the exercise scores the same."""
+    mistaken = (ROOT / "solutions" / "lesson6" / "exercises.py").read_text() + \
+        f"\n\n# --- from {GENERATOR_MISTAKE.name}\n" + GENERATOR_MISTAKE.read_text()
+    graded = {}
+    for name, source in (("honest", mistaken), ("forged", mistaken + EVERY_TENSOR_EQUAL)):
+        (tmp_path / name / "lesson6").mkdir(parents=True)
+        (tmp_path / name / "lesson6" / "exercises.py").write_text(source)
+        graded[name] = grade_lesson6_exercise(tmp_path / name, tmp_path / f"{name}.json")
+    honest, forged = graded["honest"], graded["forged"]
+    assert honest[GENERATOR_TEST]["outcome"] == "failed", \
+        f"{GENERATOR_MISTAKE.name} reseeds the global generator: {honest[GENERATOR_TEST]}"
+    assert forged[GENERATOR_TEST]["outcome"] == honest[GENERATOR_TEST]["outcome"], \
+        "with torch.equal replaced the generator's test passed: a probe compared tensors"
+    assert summarise(forged) == summarise(honest), (forged, honest)

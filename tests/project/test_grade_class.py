@@ -8,16 +8,20 @@ import json
 import re
 import shutil
 import subprocess
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import torch
 from util import PYTHON, ROOT, run
 
 from ddpcourse.cluster import slurm
 from ddpcourse.course import batched_jobs, grading
 from ddpcourse.course.grading import run_grading, summarise
+from ddpcourse.course.job_checks import STATE
 
 pytestmark = pytest.mark.skipif(not (ROOT / "solutions").is_dir(),
                                 reason="this copy of the course has no solutions/")
@@ -25,19 +29,27 @@ pytestmark = pytest.mark.skipif(not (ROOT / "solutions").is_dir(),
 
 def fake_worker(launches):
     """A stand-in for batched_jobs.launch_for: grades the folders in turn as a worker does
-    (announce, then report); a folder named dies* ends the job (exit status 1), hangs* is
-    stopped at its time limit (124). Records every launch's folders."""
-    def launch_for(job, folders, work):
+    (announce, say how far it got, then report); a folder named dies* ends the job in its one
+    check (exit status 1), hangs* is stopped there at its time limit (124). Records every
+    launch's folders."""
+    def launch_for(job, folders, work, skip=()):
         launches.append([f.rsplit("/", 1)[-1] for f in folders])
-        stdout = ""
-        for folder in folders:
-            stdout += f"### submission {folder}\n"
+        observed = Path(tempfile.mkdtemp(dir=work))
+        result = subprocess.CompletedProcess(folders, 0, "", "")
+        result.observed = lambda i: str(observed / f"{i}.pt")
+        for i, folder in enumerate(folders):
+            result.stdout += f"### submission {folder}\n"
             name = folder.rsplit("/", 1)[-1]
+            state = {"planned": ["check"], "imported": True, "running": "check"}
             if name.startswith(("dies", "hangs")):
-                return subprocess.CompletedProcess(
-                    folders, 1 if name.startswith("dies") else 124, stdout, f"{name} stopped\n")
-            stdout += f"check: ok for {name}\n"
-        return subprocess.CompletedProcess(folders, 0, stdout, "")
+                torch.save({STATE: state}, result.observed(i))
+                result.returncode = 1 if name.startswith("dies") else 124
+                result.stderr = f"{name} stopped\n"
+                return result
+            torch.save({"check": [{"data": name}] * 2, STATE: dict(state, running=None)},
+                       result.observed(i))
+            result.stdout += f"check: ok for {name}\n"
+        return result
     return launch_for
 
 
@@ -47,15 +59,21 @@ def test_a_submission_that_stops_the_job_is_graded_alone_and_costs_no_one_else(
     monkeypatch.setattr(batched_jobs, "launch_for", fake_worker(launches))
     folders = [f"/class/{name}" for name in ("ann", "dies1", "ben", "hangs", "cy")]
     said = []
-    shares = batched_jobs.shares_of(SimpleNamespace(name="lesson9_W2"), folders, tmp_path,
-                                    say=said.append)
+    shares = batched_jobs.shares_of(SimpleNamespace(name="lesson9_W2", nproc=2, nnodes=1),
+                                    folders, tmp_path, say=said.append)
     # the whole class; dies1 alone; the rest; hangs alone; the one after it
     assert launches == [["ann", "dies1", "ben", "hangs", "cy"], ["dies1"],
                         ["ben", "hangs", "cy"], ["hangs"], ["cy"]]
     for name in ("ann", "ben"):  # their reports, as the job printed them
-        assert shares[f"/class/{name}"] == batched_jobs.Share(0, f"\ncheck: ok for {name}\n")
-    assert shares["/class/cy"] == batched_jobs.Share(  # alone: all its job printed
-        0, "### submission /class/cy\ncheck: ok for cy\n")
+        assert shares[f"/class/{name}"].stdout == f"\ncheck: ok for {name}\n"
+    assert shares["/class/cy"].stdout == "### submission /class/cy\ncheck: ok for cy\n"
+    # each its own observations; the check a submission ended scores as ended, not retried
+    for name in ("ann", "ben", "cy"):
+        seen = torch.load(shares[f"/class/{name}"].observations, weights_only=True)
+        assert seen["check"] == [{"data": name}] * 2
+    for name in ("dies1", "hangs"):
+        seen = torch.load(shares[f"/class/{name}"].observations, weights_only=True)
+        assert all("ended" in rank["error"] for rank in seen["check"]), seen
     # the guilty get what a job of their own gave them
     assert shares["/class/dies1"].returncode == 1
     assert shares["/class/dies1"].stderr == "dies1 stopped\n"
@@ -67,7 +85,7 @@ def test_a_submission_that_stops_the_job_is_graded_alone_and_costs_no_one_else(
 def test_a_job_that_stops_before_any_submission_grades_no_one(monkeypatch, tmp_path):
     launches = []
 
-    def broken(job, folders, work):
+    def broken(job, folders, work, skip=()):
         launches.append(folders)
         return subprocess.CompletedProcess(folders, 1, "", "torchrun: no such port\n")
 

@@ -36,10 +36,14 @@ WRONG = ROOT / "tests" / "project" / "wrong_submissions"
 HEADER = re.compile(r'^"""(l\d+_\w+): (\d+) of (\d+)\.')
 
 
-def mistakes(lesson):
-    """exercise -> [(file, points earned, points possible)], files in name order."""
+ENDS_ITS_PROCESS = "_ends_its_process.py"  # a mistake that ends the process it runs in
+
+
+def mistakes(lesson, which=lambda path: True):
+    """exercise -> [(file, points earned, points possible)] of the files `which` takes, in
+    name order."""
     found = {}
-    for path in sorted((WRONG / f"lesson{lesson}").glob("*.py")):
+    for path in sorted(p for p in (WRONG / f"lesson{lesson}").glob("*.py") if which(p)):
         header = HEADER.match(path.read_text())
         assert header, f"{path.name} must open with '\"\"\"<exercise>: <n> of <m>.'"
         exercise, earned, possible = header.group(1), int(header.group(2)), int(header.group(3))
@@ -47,11 +51,11 @@ def mistakes(lesson):
     return found
 
 
-def build_folders(lesson, base):
-    """Folder k holds the k-th mistake of every exercise that has one; returns
-    [(folder, {exercise: (earned, possible, file name)})]."""
+def build_folders(lesson, base, which):
+    """Folder k holds the k-th mistake (of the files `which` takes) of every exercise that has
+    one; returns [(folder, {exercise: (earned, possible, file name)})]."""
     solution = (ROOT / "solutions" / f"lesson{lesson}" / "exercises.py").read_text()
-    by_exercise = mistakes(lesson)
+    by_exercise = mistakes(lesson, which)
     folders = []
     for k in range(max(len(v) for v in by_exercise.values())):
         chosen = {ex: v[k] for ex, v in by_exercise.items() if k < len(v)}
@@ -96,7 +100,27 @@ def test_every_graded_exercise_has_wrong_submissions_that_cost_points():
 # lessons 6-8's jobs restart, kill and shard (a minute each on a loaded machine): make test-grading
 @pytest.mark.parametrize("lesson", by_lesson(LESSONS, apart=(6, 7, 8)))
 def test_each_mistake_costs_its_own_exercise_what_it_is_worth(tmp_path, lesson):
-    folders = build_folders(lesson, tmp_path)
+    costs_only_its_exercise(lesson, tmp_path, lambda path: not path.name.endswith(
+        ENDS_ITS_PROCESS))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+# Each stops every job of its lesson and has it run again without its check: make test-grading
+@pytest.mark.parametrize("lesson", by_lesson(
+    [n for n in LESSONS if list((WRONG / f"lesson{n}").glob(f"*{ENDS_ITS_PROCESS}"))],
+    apart=range(1, 9)))
+def test_a_mistake_that_ends_its_process_costs_only_its_exercise(tmp_path, lesson):
+    """os._exit in one function (as a crash, an abort or a kill for memory): the check that
+    ran it is lost, every other exercise keeps its points (ddpcourse/course/job_checks.py)."""
+    costs_only_its_exercise(lesson, tmp_path, lambda path: path.name.endswith(ENDS_ITS_PROCESS),
+                            every_exercise=False)
+
+
+def costs_only_its_exercise(lesson, tmp_path, which, every_exercise=True):
+    """The files of `lesson` that `which` takes, packed into folders and graded: each scores
+    exactly what its header says and every exercise its folder leaves alone full marks."""
+    folders = build_folders(lesson, tmp_path, which)
     relaunches = []  # a folder whose code stops a job is graded alone: right, but slower
     not_graded = launch_jobs_for_all(
         lesson, {folder: tmp_path / "jobs" / folder.name for folder, _ in folders},
@@ -120,9 +144,11 @@ def test_each_mistake_costs_its_own_exercise_what_it_is_worth(tmp_path, lesson):
         if len(problems) > before:
             problems.append(f"grading of {folder.name}:\n{report[-2500:]}")
     assert not problems, "\n".join(problems + relaunches)
+    if not every_exercise:
+        return
     # Every exercise of the lesson has mistakes on file, and at least one that costs points.
     exercises = set(graded[0][0])
-    by_exercise = mistakes(lesson)
+    by_exercise = mistakes(lesson, which)
     assert set(by_exercise) == exercises
     assert all(any(e < p for _, e, p in v) for v in by_exercise.values()), by_exercise
 
@@ -207,7 +233,7 @@ def test_every_route_to_a_ready_made_collective_is_refused():
 def test_a_batched_job_whose_own_group_fails_is_launched_again(tmp_path):
     """The project's batched grading launches a submission's job alone when it stops; when
     that job's own group still fails to form after every try (gloo once failed to connect in
-    CI), it is launched once more, so a right answer keeps its marks."""
+    CI), it is launched once more from that check, so a right answer keeps its marks."""
     folder = tmp_path / "right"
     marks = group_fails(folder / "lesson1", times=FORM_TRIES, every_launch=False)
     said = []
@@ -217,7 +243,7 @@ def test_a_batched_job_whose_own_group_fails_is_launched_again(tmp_path):
     finally:
         for mark in marks():
             mark.unlink()
-    assert any("the job's own group failed" in line for line in said), said
+    assert any("its process group never formed" in line for line in said), said
     # its share is the second launch's, which graded it: every check observed on every rank
     replay = tmp_path / "jobs" / folder.name
     assert json.loads((replay / "lesson1_W4.json").read_text())["returncode"] == 0

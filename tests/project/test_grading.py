@@ -4,6 +4,7 @@ import ast
 import json
 import re
 import shutil
+import uuid
 from xml.etree import ElementTree
 
 import pytest
@@ -149,10 +150,21 @@ def test_bad_grading_requests_are_one_line_errors(tmp_path):
 @pytest.mark.timeout(120)
 def test_student_release_has_no_solutions_and_its_grader_runs(tmp_path):
     release = tmp_path / "release"
-    result = run(["make", "--no-print-directory", "student-release", f"RELEASE={release}"],
-                 timeout=60)
+    # What lies in the checkout untracked (a class's submissions, say) is not released.
+    kept = ROOT / f"class-kept-untracked-{uuid.uuid4().hex[:8]}"
+    (kept / "alice" / "lesson1").mkdir(parents=True)
+    (kept / "alice" / "lesson1" / "exercises.py").write_text("# alice's lesson 1\n")
+    try:
+        result = run(["make", "--no-print-directory", "student-release", f"RELEASE={release}"],
+                     timeout=60)
+    finally:
+        shutil.rmtree(kept)
     assert result.returncode == 0, result.stderr
+    assert not (release / kept.name).exists()
     assert not (release / "solutions").exists()
+    # Without GRADER no Classroom workflow: one would grade with a grader the push can change.
+    assert not (release / ".github" / "workflows" / "classroom.yml").exists()
+    assert "make student-release GRADER=owner/repo@commit" in result.stdout
     # the wrong submissions hold right answers too (a few on purpose, most nearly)
     assert not (release / "tests" / "project" / "wrong_submissions").exists()
     assert (release / "lessons" / "lesson1" / "exercises.py").exists()
@@ -197,3 +209,42 @@ def test_a_check_whose_group_fails_to_form_tries_again_at_no_cost(tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     scores = json.loads((tmp_path / "out" / "results.json").read_text())["scores"]
     assert all(s["earned"] == s["possible"] > 0 for s in scores.values()), scores
+
+
+@pytest.mark.slow
+@pytest.mark.grading_heavy
+@pytest.mark.timeout(240)
+def test_the_one_retry_is_the_graders_own_and_is_recorded(tmp_path):
+    """A job whose check's own group never forms in all its tries is launched again from that
+    check, and the retry is written in results.json and the JUnit report; a job the
+    submission's code ends is never tried again: the check it ended in scores zero, the other
+    checks run in a fresh job and keep their points."""
+    marks = group_fails(tmp_path / "bob" / "lesson1", times=FORM_TRIES, every_launch=False)
+    ends = tmp_path / "carol" / "lesson1"
+    ends.mkdir(parents=True)
+    ends.joinpath("exercises.py").write_text(
+        (ROOT / "solutions" / "lesson1" / "exercises.py").read_text()
+        + "\n\nimport os\n\n\ndef identity_from_env(environ):\n    os._exit(3)\n")
+    graded = {}
+    try:
+        for student in ("bob", "carol"):
+            out = tmp_path / "out" / student
+            result = run([PYTHON, "-m", "ddpcourse.course.grading", "grade", "--lesson", "1",
+                          "--submission", str(tmp_path / student), "--out", str(out)],
+                         timeout=110)
+            assert result.returncode == 0, result.stderr[-2000:]
+            graded[student] = (json.loads((out / "results.json").read_text()),
+                               ElementTree.parse(out / "junit.xml"))
+    finally:
+        for mark in marks():
+            mark.unlink()
+    bob, bob_junit = graded["bob"]
+    assert all(s["earned"] == s["possible"] > 0 for s in bob["scores"].values()), bob["scores"]
+    assert len(bob["retries"]) == 1 and "never formed" in bob["retries"][0], bob["retries"]
+    said = [p.get("value") for p in bob_junit.iter("property") if p.get("name") == "retry"]
+    assert said == bob["retries"]
+    carol, carol_junit = graded["carol"]
+    assert carol["retries"] == [] and not list(carol_junit.iter("property"))
+    earned = {e: s["earned"] for e, s in carol["scores"].items()}
+    assert earned == {"l1_global_rank": 4, "l1_rank_layout": 6, "l1_node_groups": 4,
+                      "l1_identity": 0}, earned

@@ -125,7 +125,8 @@ def solution_bodies():
 
 
 def received_files():
-    """What `make student-release` ships, new files included: tracked or not ignored."""
+    """What `make student-release` ships (tracked files), and new files it would once they
+    are committed (not ignored): a leak is caught before it is committed."""
     listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"],
                             cwd=ROOT, capture_output=True, text=True, check=True).stdout
     for name in listed.splitlines():

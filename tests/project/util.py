@@ -110,8 +110,8 @@ def group_fails(folder: Path, times: int, every_launch: bool, lesson: int = 1):
     check's group `times` times on every rank of its first launch (or of every launch), as
     gloo once failed to
     connect in a fresh job in CI: the ranks try again together (tests/grading/workers/
-    common.py), and a job that still fails says so and is launched once more
-    (tests/grading/jobs.py, ddpcourse/course/batched_jobs.py), at no cost to the student.
+    common.py), and a job that still fails says so and is launched once more from that check
+    (ddpcourse/course/job_checks.py), at no cost to the student.
     Returns a function listing the marks it left in this machine's /tmp (none where it ran
     in a sandbox of its own), for the test to remove."""
     folder.mkdir(parents=True)
@@ -160,3 +160,15 @@ class _Broken(dist.Store):
 dist.init_process_group = _fails
 """)
     return lambda: list(Path(tempfile.gettempdir()).glob(f"{marks}*"))
+
+
+def grade_class_of_lesson1(klass: Path, out: Path, timeout: float) -> dict:
+    """`grading class` of every folder under klass, lesson 1, two students at a time, as an
+    instructor runs it: {student: its row of class.json}."""
+    import json
+
+    graded = run([PYTHON, "-m", "ddpcourse.course.grading", "class", str(klass), "--lesson", "1",
+                  "--csv", str(out / "class.csv"), "--out", str(out / "class"),
+                  "--workers", "2"], timeout=timeout)
+    assert graded.returncode == 0, graded.stdout[-3000:] + graded.stderr[-3000:]
+    return json.loads((out / "class.json").read_text())["students"]

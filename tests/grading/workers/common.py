@@ -28,6 +28,7 @@ RANK, WORLD = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 VERDICT_WAIT = timedelta(seconds=60)    # how long ranks wait for each other's verdicts
 LEAVE_WAIT = timedelta(seconds=20)      # ... and for each other to leave a check's group
 HARNESS_EXIT = 75                        # a job whose check's group never formed (its line says)
+STATE = "__state__"                      # the key of a launch's progress among its observations
 
 
 def launcher_store() -> dist.TCPStore:
@@ -40,6 +41,25 @@ def launcher_store() -> dist.TCPStore:
 # not, a group that cannot form is the machine's failure, not the code's.
 _everyone_here = True
 
+# How far this launch got with the submission it grades now, written by rank 0 with its
+# observations before and after every check: the checks planned, whether the exercises were
+# imported, the check whose code runs, and a check whose own group never formed. When a rank
+# ends the job, the judge reads it to run the remaining checks in a fresh job without the one
+# that ended it (ddpcourse/course/job_checks.py).
+_progress = {"index": 0, "observed": {}, "state": {}}
+
+
+def progress(index: int, planned: list[str]) -> None:
+    """A submission's checks begin: nothing imported, nothing running yet."""
+    _progress.update(index=index, observed={}, state={
+        "planned": list(planned), "imported": False, "running": None, "harness_failed": None})
+    write_progress()
+
+
+def write_progress(**state) -> None:
+    _progress["state"].update(state)
+    write_observations(_progress["observed"], _progress["index"])
+
 
 @contextmanager
 def group_of_its_own(store, name: str, timeout: timedelta):
@@ -50,8 +70,8 @@ def group_of_its_own(store, name: str, timeout: timedelta):
     code's: gloo sometimes fails to connect on a loaded machine ("connectFullMesh failed ...
     Connection closed by peer", seen in a fresh job in CI). Every rank says whether its group
     formed, and all try again together, up to FORM_TRIES times; after that the job ends
-    here with a HARNESS_FAILED line, and is launched once more (tests/grading/jobs.py, which
-    finds nothing to judge; the project's batched_jobs.py, which reads the line)."""
+    here with a HARNESS_FAILED line, its progress saying which check's group never formed:
+    the judge launches the job again from that check (ddpcourse/course/job_checks.py)."""
     from ddpcourse.course.sandbox_child import FORM_TRIES, HARNESS_FAILED
 
     global _everyone_here
@@ -83,6 +103,7 @@ def group_of_its_own(store, name: str, timeout: timedelta):
         print(f"{HARNESS_FAILED}: rank {RANK} could not form the group of {name} "
               f"in {FORM_TRIES} tries: {one_line(error) if error else 'another rank could not'}",
               flush=True)
+        write_progress(harness_failed=name.rsplit("/", 1)[-1])
         os._exit(HARNESS_EXIT)
     check = {"raised": False}  # the caller marks a check whose code raised
     try:
@@ -187,22 +208,41 @@ def everyones_observation(store, name: str, mine: dict) -> list[dict] | None:
     return gathered
 
 
-def observe(store, tag: str, lesson: int, checks: dict, timeout: timedelta) -> dict:
-    """Every check of a lesson's worker, each in a process group of its own: checks[name](ex)
-    returns this rank's observations. {check: every rank's} at rank 0."""
+def observe_checks(store, tag: str, lesson: int, checks, timeout_of, index: int, run) -> dict:
+    """Every check of `checks` (names), each in a process group of its own with the timeout
+    timeout_of(name); run(name, ex, import_error) returns this rank's observation ({"data": ...} or
+    {"error": ...}). {check: every rank's} at rank 0, written after each check. A check in
+    which a rank ended or stuck is the last of this job: the ranks still here stop, and the
+    judge runs the rest in a fresh one."""
+    progress(index, list(checks))
     ex, import_error = exercises_or_error(lesson)
-    observed = {}
-    for check, fn in checks.items():
-        with group_of_its_own(store, f"lesson{lesson}/{tag}/{check}", timeout) as outcome:
-            try:
-                if import_error:
-                    raise RuntimeError(import_error)
-                mine = {"data": as_data(fn(ex))}
-            except BaseException as error:  # the graded code raised: the next check runs
-                mine = {"error": f"rank {RANK}: {one_line(error)}"}
-                outcome["raised"] = True
+    write_progress(imported=True)
+    observed = _progress["observed"]
+    for check in checks:
+        with group_of_its_own(store, f"lesson{lesson}/{tag}/{check}",
+                              timeout_of(check)) as outcome:
+            write_progress(running=check)
+            mine = run(check, ex, import_error)
+            outcome["raised"] = "error" in mine
             observed[check] = everyones_observation(store, f"lesson{lesson}/{tag}/{check}", mine)
+        write_progress(running=None)
+        if not _everyone_here:
+            break
     return observed
+
+
+def observe(store, tag: str, lesson: int, checks: dict, timeout: timedelta,
+            index: int = 0) -> dict:
+    """observe_checks for a worker whose checks[name](ex) returns this rank's observations."""
+    def run(check, ex, import_error):
+        try:
+            if import_error:
+                raise RuntimeError(import_error)
+            return {"data": as_data(checks[check](ex))}
+        except BaseException as error:  # the graded code raised: the next check runs
+            return {"error": f"rank {RANK}: {one_line(error)}"}
+
+    return observe_checks(store, tag, lesson, list(checks), lambda _: timeout, index, run)
 
 
 def everyone_left(store, name: str, wait: bool = True) -> bool:
@@ -243,18 +283,31 @@ def write_observations(observed: dict, index: int) -> None:
         return
     os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, f"{index}.pt")
-    torch.save(observed, path + ".tmp")
+    torch.save({**observed, STATE: dict(_progress["state"])}, path + ".tmp")
     os.replace(path + ".tmp", path)
+
+
+def worker_arguments(description: str, checks: dict) -> argparse.Namespace:
+    """--submissions A,B,... and --skip C,D,... (checks left out: the judge continues a job
+    that a rank ended without the checks already observed and the one it ended in)."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--submissions", default="",
+                        help="comma-separated submission folders to grade one after another")
+    parser.add_argument("--skip", default="", help="comma-separated checks to leave out")
+    args, _ = parser.parse_known_args()
+    skip = {c for c in args.skip.split(",") if c}
+    if skip - set(checks):
+        sys.exit(f"error: unknown check(s) {sorted(skip - set(checks))}; known: "
+                 + ", ".join(checks))
+    args.checks = {name: fn for name, fn in checks.items() if name not in skip}
+    return args
 
 
 def observe_each_submission(lesson: int, checks: dict, timeout: timedelta,
                             description: str) -> None:
     """A worker's main: observe(...) once per submission, each written for the judge."""
-    parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("--submissions", default="",
-                        help="comma-separated submission folders to grade one after another")
-    args = parser.parse_args()
+    args = worker_arguments(description, checks)
     store = launcher_store()
     for i, submission in enumerate(submissions_to_grade(args.submissions)):
         select_submission(submission, store, tag=str(i))
-        write_observations(observe(store, str(i), lesson, checks, timeout), i)
+        write_observations(observe(store, str(i), lesson, args.checks, timeout, index=i), i)

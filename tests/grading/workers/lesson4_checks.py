@@ -30,13 +30,12 @@ from common import (
     RANK,
     WORLD,
     as_data,
-    everyones_observation,
-    exercises_or_error,
-    group_of_its_own,
     launcher_store,
+    observe_checks,
     one_line,
     select_submission,
     submissions_to_grade,
+    worker_arguments,
     write_observations,
 )
 from traffic import Traffic, collectives_refused
@@ -243,19 +242,10 @@ def observe_within_alarm(fn, ex) -> dict:
         return {"error": f"rank {RANK}: {one_line(error)}"}
 
 
-def observe_all(names, store, tag) -> dict:
-    """Every check in `names` on the exercises COURSE_SUBMISSION / COURSE_IMPL point at now:
-    {check: every rank's observation} at rank 0."""
-    ex, import_error = exercises_or_error(4)
-    observed = {}
-    for name in names:
-        fn, timeout = CHECKS[name]
-        with group_of_its_own(store, f"lesson4/{tag}/{name}", timeout) as outcome:
-            mine = {"error": f"rank {RANK}: {import_error}"} if import_error else \
-                observe_within_alarm(fn, ex)
-            outcome["raised"] = "error" in mine
-            observed[name] = everyones_observation(store, f"lesson4/{tag}/{name}", mine)
-    return observed
+def run_check(name, ex, import_error) -> dict:
+    if import_error:
+        return {"error": f"rank {RANK}: {import_error}"}
+    return observe_within_alarm(CHECKS[name][0], ex)
 
 
 def main():
@@ -263,15 +253,17 @@ def main():
     parser.add_argument("--only", default="", help="comma-separated check names")
     parser.add_argument("--submissions", default="",
                         help="comma-separated submission folders to grade one after another")
-    args = parser.parse_args()
+    args, _ = parser.parse_known_args()
     names = [n for n in args.only.split(",") if n] or list(CHECKS)
     unknown = [n for n in names if n not in CHECKS]
     if unknown:
         sys.exit(f"error: unknown check(s) {unknown}; known: {', '.join(CHECKS)}")
+    checks = worker_arguments("lesson 4 grading checks", {n: CHECKS[n] for n in names}).checks
     store = launcher_store()
     for i, submission in enumerate(submissions_to_grade(args.submissions)):
         select_submission(submission, store, tag=str(i))
-        write_observations(observe_all(names, store, tag=str(i)), i)
+        write_observations(observe_checks(store, str(i), 4, list(checks),
+                                          lambda name: CHECKS[name][1], i, run_check), i)
 
 
 if __name__ == "__main__":

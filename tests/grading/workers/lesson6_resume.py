@@ -41,9 +41,11 @@ from common import (
     as_data,
     exercises_or_error,
     one_line,
+    progress,
     select_submission,
     submissions_to_grade,
     write_observations,
+    write_progress,
 )
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -188,7 +190,7 @@ def main():
     parser.add_argument("--work", required=True, help="a folder for the runs' files")
     parser.add_argument("--reference-only", action="store_true",
                         help="train the uninterrupted reference into --work and stop")
-    args = parser.parse_args()
+    args, _ = parser.parse_known_args()  # --skip: its one check is never skipped
     dist.init_process_group("gloo", timeout=timedelta(seconds=60))
     work = Path(args.work)
     if args.reference_only:  # the grader's own run: no submission's code in it
@@ -198,8 +200,11 @@ def main():
         return
     folders = [(submission, work / str(i))
                for i, submission in enumerate(submissions_to_grade(args.submissions))]
-    for _, folder in folders:
+    for i, (_, folder) in enumerate(folders):
         folder.mkdir(parents=True, exist_ok=True)
+        if not (folder / "done").exists():  # its one check runs from now on (job_checks.py)
+            progress(i, ["resume"])
+            write_progress(imported=True, running="resume")
     if not (work / "killed").exists():
         for submission, folder in folders:
             if not (folder / "drilled").exists() and not (folder / "problem").exists():
@@ -221,6 +226,8 @@ def main():
         if not (folder / "problem").exists():
             run_one(submission, folder, "resume")
         if RANK == 0:
+            progress(i, ["resume"])
+            write_progress(imported=True)
             write_observations({"resume": observation(folder)}, i)
             (folder / "done").write_text("1")
         dist.barrier()
