@@ -146,6 +146,7 @@ def identity_from_env(environ):
 
 
 @pytest.mark.slow
+@pytest.mark.grading_heavy  # make test-grading: a class of lesson 1, graded twice
 @pytest.mark.timeout(300)
 def test_a_class_is_scored_as_grading_each_student_alone(tmp_path):
     klass = tmp_path / "class"
