@@ -181,7 +181,7 @@ def report(grades: Path, exercise: str, max_score: float) -> dict:
     possible = sum(t.points for t in tests)
     if tests and possible != max_score:  # the workflow is older than the grading tests
         print(f"::warning::{exercise}: the workflow says {max_score:g} points, the grader "
-              f"gives {possible:g}: release again (make student-release GRADER=...)",
+              f"gives {possible:g}: release again from step 1 (a new commit C)",
               file=sys.stderr)
     if not tests:
         entries = [{"name": exercise, "status": "error", "score": 0,

@@ -37,7 +37,7 @@ from datetime import timedelta
 MAX_REPLY = 256 * 2**20
 # What a grading worker prints when the job's own process group for a check could not form
 # in FORM_TRIES tries (tests/grading/workers/common.py): the job says nothing about the
-# submission and is launched once more (tests/grading/jobs.py, batched_jobs.py).
+# submission, and is launched again from that check (ddpcourse/course/job_checks.py).
 FORM_TRIES = 3
 HARNESS_FAILED = "### harness failed"
 
