@@ -32,11 +32,10 @@ def run_each_check(launch_once: Callable[[list[str]], subprocess.CompletedProces
     stderr are every launch's."""
     observed: dict = {}
     planned: list[str] | None = None
-    ended: list[str] = []
     retries: list[str] = []
-    outputs, result = [], None
+    outputs = []
     while True:
-        result = launch_once([*observed, *ended])
+        result = launch_once(list(observed))  # observed, or ended: not run again
         outputs.append(result)
         got = dict(result.observations or {}) if isinstance(result.observations, dict) else {}
         state = got.pop(STATE, None)
@@ -63,7 +62,6 @@ def run_each_check(launch_once: Callable[[list[str]], subprocess.CompletedProces
             retries.append(f"{first}: its process group never formed (the grader's failure, "
                            "before its code ran): launched again")
             continue
-        ended.append(first)
         observed[first] = [{"error": f"a rank ended or stuck the job in this check ({why}); "
                                      "the checks after it ran in a fresh job"}] * world
         if len(remaining) == 1:
@@ -73,5 +71,4 @@ def run_each_check(launch_once: Callable[[list[str]], subprocess.CompletedProces
         "".join(r.stdout or "" for r in outputs), "".join(r.stderr or "" for r in outputs))
     merged.observations = observed if (observed or planned) else result.observations
     merged.retries = retries
-    merged.launches = len(outputs)
     return merged
