@@ -25,6 +25,7 @@ your files, so grade others' code as root.
 
 from __future__ import annotations
 
+import atexit
 import builtins
 import ctypes
 import fcntl
@@ -40,7 +41,8 @@ import sys
 import tempfile
 import threading
 import time
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from ddpcourse.course import intake
@@ -287,8 +289,9 @@ class ZygoteChild:
 
 @contextmanager
 def zygote_for_this_process():
-    """While inside: sandboxes fork from a warm template (as root only; elsewhere nothing)."""
-    if not is_root() or os.environ.get("COURSE_SANDBOX_ZYGOTE"):
+    """While inside: sandboxes, and the ranks of relayed jobs, fork from a warm template
+    (without root, the ranks alone: they start without namespaces)."""
+    if os.environ.get("COURSE_SANDBOX_ZYGOTE"):
         yield
         return
     folder = tempfile.mkdtemp(prefix="course-zygote-")  # 0700: the grader's alone
@@ -305,6 +308,31 @@ def zygote_for_this_process():
         server.kill()
         server.wait()
         shutil.rmtree(folder, ignore_errors=True)
+
+
+_zygote_of_this_process = ExitStack()
+
+
+def zygote_socket() -> str:
+    """The zygote's socket: this process's own, started now (and ended with it) if none."""
+    if not os.environ.get("COURSE_SANDBOX_ZYGOTE"):
+        _zygote_of_this_process.enter_context(zygote_for_this_process())
+        atexit.register(_zygote_of_this_process.close)
+    return os.environ["COURSE_SANDBOX_ZYGOTE"]
+
+
+@dataclass
+class RelayedJob:
+    """What the judge saw of one relayed job (ddpcourse/course/relay.py): per rank, what its
+    harness reported (`notes`), every operation it asked the relay for (`record`), its
+    secret, how it ended (`exits`: an exit status, or why it was stopped) and what it
+    printed."""
+    notes: list
+    record: list
+    secrets: list
+    exits: list
+    outputs: list
+    retries: list
 
 
 class Submission:
@@ -353,6 +381,7 @@ class Submission:
                "COURSE_PROBES": str(release / "tests" / "grading"),
                "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1",
                "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
+        self._env = env
         requests_r, requests_w = os.pipe()
         replies_r, replies_w = os.pipe()
         python = real_python()
@@ -375,6 +404,7 @@ class Submission:
                     "readable": list(dict.fromkeys(
                         [os.path.realpath(p) for p in (sys.base_prefix, sys.prefix)]
                         + [str(release), str(submission.parent)]))}
+            self._view = view
             zygote = os.environ.get("COURSE_SANDBOX_ZYGOTE", "")
             self._proc = ZygoteChild.start(zygote, {
                 "uid": self._uid, "env": env, "release": str(release), "lesson": self._lesson,
@@ -624,6 +654,94 @@ class Submission:
                                            result["stderr"])
         done.observations = result.get("observations")
         return done
+
+
+    def relayed_job(self, worker: str, nproc: int, nnodes: int = 1, args=(),
+                    timeout: float = 60, refuse_collectives: bool = False) -> RelayedJob:
+        """A grading worker (tests/grading/workers/<worker>) run as nnodes x nproc ranks, each
+        in a sandbox of its own whose one road to the others is the relay (relay.py), which
+        this process holds. The ranks get the variables torchrun sets; each is stopped when
+        `timeout` passes or the submission's memory goes over its limit."""
+        from ddpcourse.course.relay import Relay
+
+        if self._proc is None or self._proc.poll() is not None:
+            self._request({"op": "world", "one": False})  # its scratch tree and user id
+        world = nproc * nnodes
+        relay = Relay(world, refuse_collectives=refuse_collectives)
+        workers = str(self._scratch / "release" / "tests" / "grading" / "workers" / worker)
+        ranks, retries = [], []
+        try:
+            for rank in range(world):
+                env = dict(self._env, RANK=str(rank), WORLD_SIZE=str(world),
+                           LOCAL_RANK=str(rank % nproc), LOCAL_WORLD_SIZE=str(nproc),
+                           GROUP_RANK=str(rank // nproc), NODE_RANK=str(rank // nproc),
+                           ROLE_RANK=str(rank), ROLE_WORLD_SIZE=str(world),
+                           TORCHELASTIC_RESTART_COUNT="0")
+                request = {"kind": "rank", "uid": self._uid, "env": env, "worker": workers,
+                           "args": list(args), "release": str(self._scratch / "release"),
+                           **(self._view if self._uid is not None else {})}
+                started = None
+                for _ in range(2):  # the grader's own failure, before any code ran
+                    started = ZygoteChild.start(zygote_socket(), request,
+                                                (relay.rank_end(rank),))
+                    if started is not None:
+                        break
+                    retries.append(f"rank {rank} of {worker}: the zygote did not answer")
+                if started is None:
+                    raise SubmissionError(f"could not start rank {rank} of {worker}")
+                ranks.append(started)
+            relay.close_rank_ends()
+            relay.start()
+            outputs = [[] for _ in ranks]
+            drains = [threading.Thread(target=lambda p=p, o=o: o.extend(p.stdout), daemon=True)
+                      for p, o in zip(ranks, outputs, strict=True)]
+            for thread in drains:
+                thread.start()
+            exits = self._wait_for_ranks(ranks, timeout)
+            for thread in drains:
+                thread.join(timeout=5)
+        finally:
+            for proc in ranks:
+                _kill_rank(proc)
+            relay.close()
+        return RelayedJob(relay.notes, relay.record, relay.secrets, exits,
+                          [b"".join(o).decode(errors="replace")[-20_000:] for o in outputs],
+                          retries)
+
+    def _wait_for_ranks(self, ranks: list, timeout: float) -> list:
+        deadline = time.monotonic() + timeout
+        while True:
+            codes = [p.poll() for p in ranks]
+            if all(c is not None for c in codes):
+                return codes
+            if time.monotonic() > deadline:
+                why = f"still running after {timeout:g} s"
+                break
+            pids = [p.pid for p in ranks]
+            pids += [d for p in ranks for d in processes_of(None, p.pid)]
+            if resident_upper_bound(pids) > MEMORY_LIMIT and resident_bytes(pids) > MEMORY_LIMIT:
+                why = f"used more than the limit of {MEMORY_LIMIT / 2**30:g} GB of memory"
+                break
+            time.sleep(0.05)
+        for proc in ranks:
+            _kill_rank(proc)
+        return [c if c is not None else why for c in codes]
+
+
+def _kill_rank(proc) -> None:
+    """A rank's sandbox: the process the judge holds, and (no namespace around it) what it
+    started."""
+    if proc.poll() is not None:
+        return
+    for pid in [*processes_of(None, proc.pid), proc.pid]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        pass
 
 
 def checked_tensor(tensor):

@@ -468,19 +468,26 @@ def zygote(sock_path: str, owner: int) -> None:
 def start_sandbox(request: dict, fds: list[int]) -> None:
     """In a fork of the zygote: new mount, IPC, network and PID namespaces; the sandbox is PID 1
     of the new one (when it ends, the kernel ends all it started) and dies with this process,
-    which reports its exit status on its own pipe and is what the judge holds."""
+    which reports its exit status on its own pipe and is what the judge holds.
+
+    Two kinds: the submission's child (fds: requests, replies, output, status), which serves
+    the judge's requests; and one rank of a relayed job (fds: its socket to the relay, output,
+    status), which runs request["worker"] as a script (ddpcourse/course/relay.py). Without a
+    user id (the judge is not root) the same process starts without namespaces or user."""
     import signal
 
-    requests, replies, out, status = fds
+    rank = request.get("kind") == "rank"
+    channels, (out, status) = fds[:-2], fds[-2:]
+    isolated = request.get("uid") is not None
     try:
         os.setsid()
         libc = ctypes.CDLL(None, use_errno=True)
-        if libc.unshare(CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWNET | CLONE_NEWPID) != 0:
+        if isolated and libc.unshare(CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWNET | CLONE_NEWPID):
             raise OSError(ctypes.get_errno(), "unshare")
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         child = os.fork()
         if child:
-            for fd in (requests, replies, out):
+            for fd in (*channels, out):
                 os.close(fd)
             _, code = os.waitpid(child, 0)
             os.write(status, struct.pack("<i", os.waitstatus_to_exitcode(code)))
@@ -499,14 +506,37 @@ def start_sandbox(request: dict, fds: list[int]) -> None:
         import tempfile
         tempfile.tempdir = None  # the zygote's choice (/tmp) was cached: TMPDIR from now on
         sys.path[:] = [request["release"]] + sys.path[1:]  # not the zygote's own folder
-        isolate(request["root"], request["readable"], request["writable"], request["uid"])
+        if isolated:
+            isolate(request["root"], request["readable"], request["writable"], request["uid"])
         os.chdir(os.environ["HOME"])
         sys.path.insert(0, os.environ["COURSE_PROBES"])
-        serve(requests, replies, request["lesson"], request["fork_server"])
+        if rank:
+            run_rank(request, channels[0])
+        serve(*channels, request["lesson"], request["fork_server"])
         os._exit(0)
     except BaseException:
         traceback.print_exc()
         os._exit(70)
+
+
+def run_rank(request: dict, relay_fd: int) -> None:
+    """One rank of a relayed job: the worker script, as `python worker args` would run it,
+    with RANK, WORLD_SIZE, ... in its environment and its relay socket's number in
+    COURSE_RELAY_FD."""
+    import runpy
+
+    os.environ["COURSE_RELAY_FD"] = str(relay_fd)
+    worker = request["worker"]
+    sys.argv = [worker, *request.get("args", [])]
+    sys.path.insert(0, os.path.dirname(worker))
+    code = 0
+    try:
+        runpy.run_path(worker, run_name="__main__")
+    except SystemExit as done:
+        code = done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def main() -> None:

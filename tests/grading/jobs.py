@@ -135,7 +135,10 @@ def judged(job: Job, verdicts: dict, summarise=lambda problems: "; ".join(proble
     if not isinstance(observed, dict):
         raise AssertionError("the job left no observations (exit status "
                              f"{result.returncode}):\n" + (result.stdout + result.stderr)[-3000:])
-    world = job.nproc * job.nnodes
+    return verdict_lines(observed, job.nproc * job.nnodes, verdicts, summarise)
+
+
+def verdict_lines(observed: dict, world: int, verdicts: dict, summarise) -> str:
     lines = []
     for name, (check, judge) in verdicts.items():
         per_rank = observed.get(check)
@@ -150,6 +153,75 @@ def judged(job: Job, verdicts: dict, summarise=lambda problems: "; ".join(proble
         lines.append(f"{name}: FAILED: {summarise(problems)}" if problems else
                      f"{name}: ok on {world} ranks" + (f", {note}" if note else ""))
     return "\n".join(lines) + "\n"
+
+
+# --- relayed checks (ddpcourse/course/relay.py) ----------------------------------------------
+
+_relayed: dict[tuple, object] = {}
+
+
+def relayed(worker: str, check: str, nproc: int, nnodes: int = 1, timeout: float = 90,
+            refuse_collectives: bool = False):
+    """Check `check` of `worker` run once (per test session) as nnodes x nproc relayed ranks
+    of the submission: a sandbox each, the relay between them (Submission.relayed_job)."""
+    key = (worker, check, nproc, nnodes)
+    if key not in _relayed:
+        allow_the_launch(timeout + 60)
+        done = _graded["now"].relayed_job(worker, nproc, nnodes, ["--check", check],
+                                          timeout=timeout,
+                                          refuse_collectives=refuse_collectives)
+        for retry in done.retries:
+            record_retry(f"{worker} {check}: {retry}")
+        _relayed[key] = done
+    return _relayed[key]
+
+
+def relayed_observations(job) -> list[dict]:
+    """Every rank's observation ({"data": ...} or {"error": why}), each dict of it that
+    names a case ({"case": k}) given what the relay saw that rank do in case k: "messages",
+    [(kind, peer, numel, nbytes)], and "refused", the ready-made collectives it refused. The
+    case numbers must be the ones the rank noted, in order; the messages are the relay's."""
+    seen = []
+    for rank, (notes, record, exit) in enumerate(zip(job.notes, job.record, job.exits,
+                                                      strict=True)):
+        reported = [n["observation"] for n in notes if "observation" in n]
+        if len(reported) != 1 or not isinstance(reported[0], dict):
+            how = f"exit status {exit}" if isinstance(exit, int) else exit
+            seen.append({"error": f"rank {rank}: no observation ({how})"})
+            continue
+        observation = from_data(reported[0])
+        noted = [n["case"] for n in notes if "case" in n]
+        named = []
+        try:
+            filled = with_traffic(observation, record, named)
+        except (TypeError, ValueError) as error:
+            seen.append({"error": f"rank {rank}: unexpected observation ({error})"})
+            continue
+        if named != noted or named != list(range(len(named))):
+            seen.append({"error": f"rank {rank}: its observation names cases {named[:8]}, "
+                                  f"the relay saw it begin {noted[:8]}"})
+            continue
+        seen.append(filled)
+    return seen
+
+
+def with_traffic(value, record, named):
+    if isinstance(value, dict):
+        out = {k: with_traffic(v, record, named) for k, v in value.items()}
+        if "case" in value:
+            k = value["case"]
+            if not isinstance(k, int) or isinstance(k, bool):
+                raise TypeError("a case that is not a number")
+            named.append(k)
+            events = [e for e in record if e.get("case") == k]
+            out["messages"] = [(e["kind"], e["peer"], e["numel"], e["nbytes"])
+                               for e in events if e["kind"] in ("send", "recv")]
+            out["refused"] = [f"a ready-made collective ({e['op']})" for e in events
+                              if e["kind"] == "refused"]
+        return out
+    if isinstance(value, list):
+        return [with_traffic(v, record, named) for v in value]
+    return value
 
 
 class Unreadable(tuple):

@@ -1,14 +1,16 @@
 """Grading tests for lesson 4: collectives built from send/recv, node groups, a hang to fix.
 
 A one-process world runs in the submission's process (the trivial case, and a quick first
-call that lets an unfinished exercise fail before any job is started). Then one torchrun job
-per world size (2 and 3 on one node, 4 as two simulated nodes of 2) runs every exercise in
-workers/lesson4_checks.py, in the submission's sandbox, and reports what each rank got and
-sent; the judges below decide, here, from those observations.
+call that lets an unfinished exercise fail before any job is started). Then each check of
+workers/lesson4_checks.py runs at each world size (2 and 3 on one node, 4 as two simulated
+nodes of 2) as a relayed job: every rank in a sandbox of its own, and the relay, in this
+process, the only road between them (ddpcourse/course/relay.py). The ranks report what the
+submission returned; the relay, what they sent and asked for. The judges below decide, here.
 
-The exercises built from messages are graded twice: the result (with every ready-made
-collective refused), and, for most of the points, the mechanism: the messages each rank
-sent, their peers, sizes and number, against the algorithm's cost.
+The exercises built from messages are graded twice: the result (the relay refuses every
+ready-made collective meanwhile), and, for most of the points, the mechanism: the messages
+each rank sent, their peers, sizes and number, against the algorithm's cost, as the relay
+carried them. Each rank's inputs come from a secret of its own, so the numbers must travel.
 """
 
 
@@ -16,12 +18,15 @@ import math
 
 import pytest
 import torch
-from jobs import Job, graded, judged, verdict
+from jobs import graded, relayed, relayed_observations, verdict, verdict_lines
+from probes import lesson4_data
 
-# world size -> its job (4: two simulated nodes of two)
-JOBS = {2: Job("lesson4_W2", "lesson4_checks.py", nproc=2),
-        3: Job("lesson4_W3", "lesson4_checks.py", nproc=3),
-        4: Job("lesson4_W4", "lesson4_checks.py", nproc=2, nnodes=2)}
+JOBS = {}  # no torchrun job: every check is a relayed job of its own (relayed below)
+# world size -> (processes per node, nodes): 4 is two simulated nodes of two
+WORLDS = {2: (2, 1), 3: (3, 1), 4: (2, 2)}
+# The checks of exercises built from send and recv: the relay refuses every collective.
+POINT_TO_POINT = {"ring_allreduce", "all_gather", "broadcast_tree", "broadcast_tree_shape"}
+_secrets: list[int] = []  # the ranks' secrets of the job being judged (data below)
 LAUNCHER_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK")
 
 
@@ -48,9 +53,8 @@ def one_node_env(ex):
 def assert_check_passed(check: str, world_size: int):
     """The lesson 4 job at `world_size` (launched once, shared by every test), judged here
     from what its ranks did."""
-    job = JOBS[world_size]
-    per_node = job.nproc
-    report = judged(job, {
+    per_node, nodes = WORLDS[world_size]
+    verdicts = {
         "ring_allreduce_sum": ("ring_allreduce", per_rank(judge_ring_sum)),
         "ring_allreduce": ("ring_allreduce", per_rank(judge_ring)),
         "all_gather": ("all_gather", per_rank(judge_all_gather)),
@@ -58,7 +62,13 @@ def assert_check_passed(check: str, world_size: int):
         "broadcast_tree": ("broadcast_tree", per_rank(judge_broadcast_tree)),
         "broadcast_tree_shape": ("broadcast_tree_shape", judge_broadcast_tree_shape),
         "node_groups": ("node_groups", lambda seen: judge_node_groups(seen, per_node)),
-        "fix_hang": ("fix_hang", per_rank(judge_fix_hang))})
+        "fix_hang": ("fix_hang", per_rank(judge_fix_hang))}
+    name = verdicts[check][0]
+    job = relayed("lesson4_checks.py", name, per_node, nodes,
+                  refuse_collectives=name in POINT_TO_POINT)
+    _secrets[:] = job.secrets
+    report = verdict_lines({name: relayed_observations(job)}, world_size,
+                           {check: verdicts[check]}, lambda problems: "; ".join(problems[:4]))
     line = verdict(report, check)
     assert line == f"{check}: ok on {world_size} ranks", line
 
@@ -91,11 +101,8 @@ def per_rank(judge):
 
 
 def data(seed, shape, dtype, rank):
-    """Rank `rank`'s input, as workers/lesson4_checks.py makes it."""
-    g = torch.Generator().manual_seed(1000 * seed + 17 * rank + 5)
-    if dtype.is_floating_point:
-        return torch.randn(shape, generator=g).to(dtype)
-    return torch.randint(-50, 50, shape, generator=g, dtype=dtype)
+    """Rank `rank`'s input, as workers/lesson4_checks.py makes it from that rank's secret."""
+    return lesson4_data(_secrets[rank], seed, shape, dtype)
 
 
 def same(got, want, what):

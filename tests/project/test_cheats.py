@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 import pytest
-from util import PYTHON, ROOT, grade_class_of_lesson1, run
+from util import PYTHON, ROOT, grade_class_of, run
 
 from ddpcourse.course.grading import summarise
 from ddpcourse.course.sandbox import FIRST_UID, UID_SLOTS, is_root
@@ -105,7 +105,7 @@ def test_every_cheat_scores_its_honest_score_and_touches_no_one(tmp_path):
     assert len(honest) >= 9, "a cheat for every class of hole"
     course_before = digest(course_files())
     class_before = {p.name: digest([p]) for p in klass.iterdir()}
-    students = grade_class_of_lesson1(klass, tmp_path / "grades", timeout=540)
+    students = grade_class_of(1, klass, tmp_path / "grades", timeout=540)
     wrong = {name: (row["total"], row["status"]) for name, row in students.items()
              if row["total"] != honest[name] or row["status"] != "graded"}
     assert not wrong, f"scores (total, status) other than the honest ones {honest}: {wrong}"
@@ -115,15 +115,47 @@ def test_every_cheat_scores_its_honest_score_and_touches_no_one(tmp_path):
         "a submission folder changed"
 
 
+RELAYED = CHEATS / "lesson4"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_what_a_rank_does_beside_the_relay_buys_nothing(tmp_path):
+    """Class 9: the mechanism seen from outside (ddpcourse/course/relay.py). Each cheat is
+    lesson 4's reference with ring_all_reduce replaced: numbers passed between its own ranks
+    through what a machine shares beside decoy messages, inputs predicted instead of received,
+    a ready-made collective by every road. Each scores its honest score (the ring's one
+    world-of-one point of 10), the reference full marks. Without root the ranks share the
+    machine, so the first cheat is left out there (said in the skip list of the report)."""
+    reference = (ROOT / "solutions" / "lesson4" / "exercises.py").read_text()
+    klass = tmp_path / "class"
+    honest = {"zzz_solution": 42}
+    (klass / "zzz_solution" / "lesson4").mkdir(parents=True)
+    (klass / "zzz_solution" / "lesson4" / "exercises.py").write_text(reference)
+    for cheat in sorted(RELAYED.glob("*.py")):
+        if cheat.stem == "shares_between_its_ranks" and not is_root():
+            continue  # without root nothing isolates the ranks (tests/grading/README.md)
+        text = cheat.read_text()
+        honest[cheat.stem] = int(HONEST.search(text).group(1))
+        (klass / cheat.stem / "lesson4").mkdir(parents=True)
+        (klass / cheat.stem / "lesson4" / "exercises.py").write_text(
+            reference + "\n\n# --- the cheat\n" + text)
+    students = grade_class_of(4, klass, tmp_path / "grades", timeout=540)
+    wrong = {name: (row["total"], row["status"]) for name, row in students.items()
+             if row["total"] != honest[name] or row["status"] != "graded"}
+    assert not wrong, f"scores (total, status) other than the honest ones {honest}: {wrong}"
+    assert not daemons(b"course-cheat"), "still running after grading: " + "; ".join(daemons())
+
+
 @needs_root
 def test_every_cheat_says_its_class_and_honest_score():
-    for cheat in sorted(CHEATS.glob("*.py")):
+    cheats = [*CHEATS.glob("*.py"), *RELAYED.glob("*.py")]
+    for cheat in sorted(cheats):
         text = cheat.read_text()
         assert re.match(r'"""class \d, ', text) and HONEST.search(text), cheat.name
-    classes = {int(re.match(r'"""class (\d)', p.read_text()).group(1))
-               for p in CHEATS.glob("*.py")}
+    classes = {int(re.match(r'"""class (\d)', p.read_text()).group(1)) for p in cheats}
     # Class 7 (files that are not the student's own) is folder shapes, not code: test_intake.py.
-    assert classes == {1, 2, 3, 4, 5, 6, 8}
+    assert classes == {1, 2, 3, 4, 5, 6, 8, 9}
 
 
 @needs_root

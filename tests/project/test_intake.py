@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from util import ROOT, grade_class_of_lesson1
+from util import ROOT, grade_class_of
 
 from ddpcourse.course import intake
 from ddpcourse.course.gradescope import SubmissionError as UploadError
@@ -185,7 +185,7 @@ def test_a_class_with_linked_folders_scores_them_zero_with_the_reason(tmp_path):
     (lesson_folder(klass / "honest") / "exercises.py").write_text(SOLUTION.read_text())
     shaped(klass, "file_links_to_the_reference", tmp_path / "elsewhere")
     (klass / "zz_copies_honest").symlink_to(klass / "honest", target_is_directory=True)
-    students = grade_class_of_lesson1(klass, tmp_path / "grades", timeout=280)
+    students = grade_class_of(1, klass, tmp_path / "grades", timeout=280)
     assert students["honest"]["total"] == 20 and students["honest"]["status"] == "graded"
     for name, why in (("file_links_to_the_reference", "lesson1/exercises.py is a symbolic link"),
                       ("zz_copies_honest", "zz_copies_honest is a symbolic link")):

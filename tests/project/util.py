@@ -162,12 +162,13 @@ dist.init_process_group = _fails
     return lambda: list(Path(tempfile.gettempdir()).glob(f"{marks}*"))
 
 
-def grade_class_of_lesson1(klass: Path, out: Path, timeout: float) -> dict:
-    """`grading class` of every folder under klass, lesson 1, two students at a time, as an
+def grade_class_of(lesson: int, klass: Path, out: Path, timeout: float) -> dict:
+    """`grading class` of every folder under klass, one lesson, two students at a time, as an
     instructor runs it: {student: its row of class.json}."""
     import json
 
-    graded = run([PYTHON, "-m", "ddpcourse.course.grading", "class", str(klass), "--lesson", "1",
+    graded = run([PYTHON, "-m", "ddpcourse.course.grading", "class", str(klass), "--lesson",
+                  str(lesson),
                   "--csv", str(out / "class.csv"), "--out", str(out / "class"),
                   "--workers", "2"], timeout=timeout)
     assert graded.returncode == 0, graded.stdout[-3000:] + graded.stderr[-3000:]

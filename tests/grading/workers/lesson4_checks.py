@@ -1,66 +1,49 @@
-"""Run under torchrun by the lesson 4 grading tests, in the submission's sandbox: every
-lesson 4 exercise run in one job, and what it did reported; tests/grading/test_lesson4.py
-judges it.
+"""Run by the lesson 4 grading tests as the ranks of a relayed job: one lesson 4 check per
+job, each rank in a sandbox of its own whose only road to the others is the relay
+(ddpcourse/course/relay.py); tests/grading/test_lesson4.py judges it.
 
-Each exercise built from messages is observed twice over: its result (while every ready-made
-collective raises), and its mechanism (the messages it sent, with peers and sizes; see
-traffic.py for how they are watched). The judge computes the expected results itself and
-weighs the messages against the algorithm's cost. Each check gets a fresh process group of
-its own, so code that hangs or leaves messages behind spoils only its own check.
-Observations travel through the launcher's key-value store (not the process group, which a
-bad check may have broken); rank 0 writes them for the judge.
+What a rank reports is only what the submission returned (the tensors, whether a ValueError
+came). How it was computed (every message with its peer, size and a digest of its content;
+every collective) is what the relay saw, and for the exercises built from messages the relay
+refuses every ready-made collective. Each rank's inputs come from a secret the relay gave that
+rank alone, so a rank cannot compute another's numbers: they must travel. The rank notes each
+case's start to the relay, which files what follows under it.
 
-    torchrun --nproc-per-node=3 tests/grading/workers/lesson4_checks.py [--only fix_hang]
-
---submissions A,B,... grades several submission folders in one job, one block of lines
-after `### submission A` each (the project's own tests use it to grade many wrong answers
-with one launch).
+    python tests/grading/workers/lesson4_checks.py --check ring_allreduce   (as a relayed rank)
 """
 
 import argparse
+import os
 import signal
 import sys
-from contextlib import contextmanager
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
-from common import (
-    RANK,
-    WORLD,
-    as_data,
-    launcher_store,
-    observe_checks,
-    one_line,
-    select_submission,
-    submissions_to_grade,
-    worker_arguments,
-    write_observations,
-)
-from traffic import Traffic, collectives_refused
+from common import RANK, WORLD, as_data, exercises_or_error, one_line
+from probes import lesson4_data
+
+from ddpcourse.course import relay
 
 GROUP_TIMEOUT = timedelta(seconds=10)   # a check's process group: a stuck call fails after this
 HANG_TIMEOUT = timedelta(seconds=4)     # the fix_hang check: a wrong fix must fail fast
 ALARM_S = 30                            # a Python-level endless loop in a check
 
-
-@contextmanager
-def point_to_point_only(record: dict):
-    """Every ready-made collective raises meanwhile; notes in `record` the messages this rank
-    sent and received, and the collectives that were called (and their errors caught)."""
-    refused = []
-    with collectives_refused(refused), Traffic() as seen:
-        yield seen
-    record["refused"] = list(refused)
-    record["messages"] = [tuple(m) for m in seen.messages]
+SECRET = 0                              # this rank's, from the relay (join)
+_cases = iter(range(10**6))
 
 
-def data(seed, shape, dtype, rank=RANK):
-    g = torch.Generator().manual_seed(1000 * seed + 17 * rank + 5)
-    if dtype.is_floating_point:
-        return torch.randn(shape, generator=g).to(dtype)
-    return torch.randint(-50, 50, shape, generator=g, dtype=dtype)
+def case() -> dict:
+    """A case begins: the relay files what this rank does from now on under its number,
+    which the judge finds in the observation."""
+    number = next(_cases)
+    relay.note(case=number)
+    return {"case": number}
+
+
+def data(seed, shape, dtype):
+    return lesson4_data(SECRET, seed, shape, dtype)
 
 
 def raised_value_error(call) -> bool:
@@ -86,9 +69,8 @@ def observe_ring_allreduce(ex):
     for i, (shape, dtype) in enumerate(ring_cases(WORLD)):
         got = data(i, shape, dtype)
         pointer = got.data_ptr()
-        record = {}
-        with point_to_point_only(record):
-            ex.ring_all_reduce(got)
+        record = case()
+        ex.ring_all_reduce(got)
         cases.append(dict(record, got=got, in_place=got.data_ptr() == pointer))
     return cases
 
@@ -104,15 +86,13 @@ def observe_all_gather(ex):
     for i, (shape, dtype) in enumerate(GATHER_CASES):
         mine = data(10 + i, shape, dtype)
         got = [torch.zeros_like(mine) for _ in range(WORLD)]
-        record = {}
-        with point_to_point_only(record):
-            ex.all_gather_p2p(got, mine.clone())
+        record = case()
+        ex.all_gather_p2p(got, mine.clone())
         cases.append(dict(record, got=got))
-    record = {}
-    with point_to_point_only(record):
-        too_many = raised_value_error(lambda: ex.all_gather_p2p(
-            [torch.zeros(3) for _ in range(WORLD + 1)], torch.zeros(3)))
-    return {"cases": cases, "too_many_refused": too_many}
+    record = case()
+    too_many = raised_value_error(lambda: ex.all_gather_p2p(
+        [torch.zeros(3) for _ in range(WORLD + 1)], torch.zeros(3)))
+    return {"cases": cases, "too_many_refused": too_many, "too_many": record}
 
 
 # --- l4_broadcast_tree ----------------------------------------------------------------------
@@ -129,14 +109,12 @@ def observe_broadcast_tree(ex):
     for i, src in enumerate(broadcast_roots(WORLD)):
         for shape, dtype in BROADCAST_SHAPES:
             got = data(20 + i, shape, dtype)
-            record = {}
-            with point_to_point_only(record):
-                ex.tree_broadcast(got, src)
+            record = case()
+            ex.tree_broadcast(got, src)
             results.append(dict(record, got=got))
-    record = {}
-    with point_to_point_only(record):
-        bad_root = raised_value_error(lambda: ex.tree_broadcast(torch.zeros(2), WORLD))
-    return {"results": results, "bad_root_refused": bad_root}
+    record = case()
+    bad_root = raised_value_error(lambda: ex.tree_broadcast(torch.zeros(2), WORLD))
+    return {"results": results, "bad_root_refused": bad_root, "bad_root": record}
 
 
 def observe_broadcast_tree_shape(ex):
@@ -144,9 +122,8 @@ def observe_broadcast_tree_shape(ex):
     runs = []
     for src in sorted({WORLD - 1, 0}):
         got = data(30 + src, (4,), torch.float32)
-        record = {}
-        with point_to_point_only(record):
-            ex.tree_broadcast(got, src)
+        record = case()
+        ex.tree_broadcast(got, src)
         runs.append(dict(record, src=src, got=got))
     return runs
 
@@ -214,13 +191,14 @@ def observe_fix_hang(ex):
             "result": None if result is None else float(result), "after": after.item()}
 
 
+# check -> (what it observes, the timeout of its process group)
 CHECKS = {
     "ring_allreduce": (observe_ring_allreduce, GROUP_TIMEOUT),
     "all_gather": (observe_all_gather, GROUP_TIMEOUT),
     "broadcast_tree": (observe_broadcast_tree, GROUP_TIMEOUT),
     "broadcast_tree_shape": (observe_broadcast_tree_shape, GROUP_TIMEOUT),
     "node_groups": (observe_node_groups, GROUP_TIMEOUT),
-    "fix_hang": (observe_fix_hang, HANG_TIMEOUT),  # last: a wrong fix may break its group
+    "fix_hang": (observe_fix_hang, HANG_TIMEOUT),
 }
 
 
@@ -242,28 +220,19 @@ def observe_within_alarm(fn, ex) -> dict:
         return {"error": f"rank {RANK}: {one_line(error)}"}
 
 
-def run_check(name, ex, import_error) -> dict:
-    if import_error:
-        return {"error": f"rank {RANK}: {import_error}"}
-    return observe_within_alarm(CHECKS[name][0], ex)
-
-
 def main():
-    parser = argparse.ArgumentParser(description="lesson 4 grading checks")
-    parser.add_argument("--only", default="", help="comma-separated check names")
-    parser.add_argument("--submissions", default="",
-                        help="comma-separated submission folders to grade one after another")
-    args, _ = parser.parse_known_args()
-    names = [n for n in args.only.split(",") if n] or list(CHECKS)
-    unknown = [n for n in names if n not in CHECKS]
-    if unknown:
-        sys.exit(f"error: unknown check(s) {unknown}; known: {', '.join(CHECKS)}")
-    checks = worker_arguments("lesson 4 grading checks", {n: CHECKS[n] for n in names}).checks
-    store = launcher_store()
-    for i, submission in enumerate(submissions_to_grade(args.submissions)):
-        select_submission(submission, store, tag=str(i))
-        write_observations(observe_checks(store, str(i), 4, list(checks),
-                                          lambda name: CHECKS[name][1], i, run_check), i)
+    global SECRET
+    parser = argparse.ArgumentParser(description="one lesson 4 grading check, as a relayed rank")
+    parser.add_argument("--check", required=True, choices=list(CHECKS))
+    args = parser.parse_args()
+    observe, timeout = CHECKS[args.check]
+    SECRET = relay.join(int(os.environ["COURSE_RELAY_FD"]), RANK, WORLD, timeout)["secret"]
+    ex, import_error = exercises_or_error(4)
+    mine = {"error": f"rank {RANK}: {import_error}"} if import_error else \
+        observe_within_alarm(observe, ex)
+    relay.note(observation=mine)
+    sys.stdout.flush()
+    os._exit(0)  # whatever the submission left running, this rank is done
 
 
 if __name__ == "__main__":
