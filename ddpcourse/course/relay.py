@@ -34,7 +34,6 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import _create_work_from_future
 
 MAX_FRAME = 256 * 2**20
 REDUCE_NAMES = {dist.ReduceOp.SUM: "sum", dist.ReduceOp.PRODUCT: "product",
@@ -130,12 +129,13 @@ class RelayWork(dist.Work):
     """A request the relay answers later; wait() blocks until it has, then fills the
     outputs."""
 
-    def __init__(self, connection: Connection, ident: int, outputs: list, timeout: float):
+    def __init__(self, connection: Connection | None, ident: int = 0, outputs=(),
+                 timeout: float = 0):
         super().__init__()
         self.connection, self.ident, self.outputs, self.seconds = \
             connection, ident, outputs, timeout
         self.source = -1
-        self.done = False
+        self.done = connection is None  # None: nothing to wait for (a send, buffered)
 
     def wait(self, timeout=None):
         if not self.done:
@@ -162,12 +162,6 @@ def reduce_name(opts) -> str:
     if name is None:
         raise ValueError(f"the relay does not reduce with {op}")
     return name
-
-
-def done_work():
-    future = torch.futures.Future()
-    future.set_result(None)
-    return _create_work_from_future(future)
 
 
 def flat(tensors) -> list[torch.Tensor]:
@@ -205,7 +199,7 @@ class RelayGroup(dist.ProcessGroup):
     def send(self, tensors, dst, tag=0):
         self.connection.request({"op": "send", "group": self.group, "to": dst, "tag": tag,
                                  "tensor": tensors[0].detach().cpu()})
-        return done_work()
+        return RelayWork(None)
 
     def recv(self, tensors, src, tag=0):
         ident = self.connection.request({"op": "recv", "group": self.group, "from": src,

@@ -67,7 +67,6 @@ from probes import (
     sync_bn_group_calls,
     sync_bn_inputs,
 )
-from torch._C._distributed_c10d import Work
 from torch.nn.parallel import DistributedDataParallel as DDP
 from traffic import NAMESPACES, Traffic
 
@@ -106,7 +105,7 @@ class Launches(Traffic):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func.namespace in NAMESPACES:
-            name = func._schema.name
+            name = func._schema.name  # an operator's full name: only its schema has it
             known = len(self.collectives)
             result = super().__torch_dispatch__(func, types, args, kwargs)
             if len(self.collectives) > known:  # a collective, not a wait or a barrier
@@ -124,7 +123,8 @@ def waits_noted(watch):
     """Note the phase of every wait for a collective: Work.wait(), and a wait on its future
     (Work.get_future().wait(), torch.futures.wait_all), which blocks the same way."""
     patched = [(owner, name, vars(owner)[name]) for owner, name in
-               [(Work, "wait"), (torch._C.Future, "wait"), (torch.futures.Future, "wait")]]
+               [(dist.Work, "wait"), (torch._C.Future, "wait"),  # the C++ future's own wait
+                (torch.futures.Future, "wait")]]
     real_wait_all = torch.futures.wait_all
 
     def noting(real):

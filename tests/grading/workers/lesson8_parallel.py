@@ -107,6 +107,7 @@ class StepTraffic(Traffic):
         self.barriers = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        # an operator's full name: only its schema has it
         if func.namespace == "c10d" and func._schema.name in self.BARRIERS:
             self.barriers += 1
         return super().__torch_dispatch__(func, types, args, kwargs)

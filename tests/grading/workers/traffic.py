@@ -24,6 +24,8 @@ from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
+# The C++ backend class, whose methods are the one route around the dispatcher; and the one
+# way to see every operator a thread runs.
 from torch._C._distributed_c10d import Backend
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -95,7 +97,7 @@ class Traffic(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func.namespace in NAMESPACES:
-            name = func._schema.name
+            name = func._schema.name  # an operator's full name: only its schema has it
             tensors = list(tensors_in(args[0] if args else ()))
             numel = sum(t.numel() for t in tensors)
             if name in MESSAGES:
@@ -151,6 +153,6 @@ def collectives_refused(refused: list[str]):
         yield
     finally:
         for library in libraries.values():
-            library._destroy()
+            library._destroy()  # torch's own kernels back (the one way to remove ours)
         for name, method in saved.items():
             setattr(Backend, name, method)
