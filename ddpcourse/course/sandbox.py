@@ -318,7 +318,11 @@ def zygote_socket() -> str:
     if not os.environ.get("COURSE_SANDBOX_ZYGOTE"):
         _zygote_of_this_process.enter_context(zygote_for_this_process())
         atexit.register(_zygote_of_this_process.close)
-    return os.environ["COURSE_SANDBOX_ZYGOTE"]
+    path = os.environ["COURSE_SANDBOX_ZYGOTE"]
+    deadline = time.monotonic() + 120  # it imports torch before it listens
+    while not os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return path
 
 
 @dataclass
@@ -679,6 +683,8 @@ class Submission:
                            TORCHELASTIC_RESTART_COUNT="0")
                 request = {"kind": "rank", "uid": self._uid, "env": env, "worker": workers,
                            "args": list(args), "release": str(self._scratch / "release"),
+                           "keep": [str(self._scratch / "release"),
+                                    str(self._scratch / "submission")],
                            **(self._view if self._uid is not None else {})}
                 started = None
                 for _ in range(2):  # the grader's own failure, before any code ran

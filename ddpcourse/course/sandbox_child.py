@@ -407,8 +407,8 @@ def read_exactly(reader, n: int) -> bytes:
 
 # --- the warm template ----------------------------------------------------------------------
 
-CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWPID, CLONE_NEWNET = \
-    0x00020000, 0x08000000, 0x20000000, 0x40000000
+CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWPID, CLONE_NEWNET, CLONE_NEWUSER = \
+    0x00020000, 0x08000000, 0x20000000, 0x40000000, 0x10000000
 ZYGOTE_PRELOAD = ("torch.distributed", "torch.distributed.run", "torch.distributed.optim",
                   "torch.distributed.pipelining", "torch.nn.parallel", "torch.utils.data")
 PR_SET_PDEATHSIG = 1
@@ -479,11 +479,21 @@ def start_sandbox(request: dict, fds: list[int]) -> None:
     rank = request.get("kind") == "rank"
     channels, (out, status) = fds[:-2], fds[-2:]
     isolated = request.get("uid") is not None
+    # Without root, a rank still gets namespaces of its own, inside a user namespace of its
+    # own (its user id unchanged): no rank reaches another but through the relay.
+    own_user = rank and not isolated
     try:
         os.setsid()
         libc = ctypes.CDLL(None, use_errno=True)
-        if isolated and libc.unshare(CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWNET | CLONE_NEWPID):
+        namespaces = CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWNET | CLONE_NEWPID
+        if isolated and libc.unshare(namespaces):
             raise OSError(ctypes.get_errno(), "unshare")
+        if own_user:
+            try:
+                enter_own_user_namespace(libc, namespaces)
+            except OSError as refused:  # a kernel that lends no user namespace: said, not fatal
+                print(f"### rank not isolated: {refused}", file=sys.stderr, flush=True)
+                own_user = False
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         child = os.fork()
         if child:
@@ -508,6 +518,8 @@ def start_sandbox(request: dict, fds: list[int]) -> None:
         sys.path[:] = [request["release"]] + sys.path[1:]  # not the zygote's own folder
         if isolated:
             isolate(request["root"], request["readable"], request["writable"], request["uid"])
+        elif own_user:
+            private_mounts(libc, request["keep"], [os.environ["HOME"]])
         os.chdir(os.environ["HOME"])
         sys.path.insert(0, os.environ["COURSE_PROBES"])
         if rank:
@@ -517,6 +529,61 @@ def start_sandbox(request: dict, fds: list[int]) -> None:
     except BaseException:
         traceback.print_exc()
         os._exit(70)
+
+
+def enter_own_user_namespace(libc, namespaces: int) -> None:
+    """unshare(namespaces) inside a new user namespace where this process keeps its ids."""
+    uid, gid = os.getuid(), os.getgid()
+    if libc.unshare(CLONE_NEWUSER | namespaces):
+        raise OSError(ctypes.get_errno(), "unshare (user namespace)")
+    for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"),
+                       ("gid_map", f"{gid} {gid} 1")):
+        with open(f"/proc/self/{name}", "w") as f:
+            f.write(text)
+
+
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = \
+    0x1, 0x2, 0x4, 0x20, 0x1000, 0x4000, 0x40000
+
+
+def private_mounts(libc, readable: list[str], writable: list[str]) -> None:
+    """In the new user and mount namespaces (PID 1 of the new PID one): /tmp, /dev/shm and
+    each writable folder a bounded tmpfs of this process alone, `readable` kept in view
+    read-only (they may lie under /tmp), /proc that of its PID namespace, loopback up; then
+    every capability dropped, so none of it can be undone."""
+    def mount(source, target, fstype, flags, data=""):
+        if libc.mount(source.encode(), target.encode(), fstype.encode() if fstype else None,
+                      flags, data.encode() if data else None):
+            raise OSError(ctypes.get_errno(), f"mount {target}")
+
+    kept = {path: os.open(path, os.O_PATH | os.O_DIRECTORY) for path in readable}
+    mount("none", "/", "", MS_REC | MS_PRIVATE)
+    for target, size in (("/tmp", TMP_BYTES), ("/dev/shm", SHM_BYTES)):
+        mount("tmpfs", target, "tmpfs", MS_NOSUID | MS_NODEV, f"size={size},mode=1777")
+    for path, fd in kept.items():
+        os.makedirs(path, exist_ok=True)
+        mount(f"/proc/self/fd/{fd}", path, "", MS_BIND | MS_REC)
+        mount("none", path, "", MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+        os.close(fd)
+    for path in writable:
+        os.makedirs(path, exist_ok=True)
+        mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, f"size={HOME_BYTES},mode=0700")
+        os.makedirs(os.path.join(path, "tmp"))
+    mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV)
+    loopback_up()
+    drop_capabilities(libc)
+
+
+def drop_capabilities(libc) -> None:
+    """No capability left in any set (capset), and no way to gain one (no_new_privs)."""
+    pr_capbset_drop, pr_set_no_new_privs = 24, 38
+    for cap in range(64):
+        libc.prctl(pr_capbset_drop, cap, 0, 0, 0)  # past the last one: EINVAL, harmless
+    header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this thread
+    data = (ctypes.c_uint32 * 6)()
+    if libc.capset(header, data):
+        raise OSError(ctypes.get_errno(), "capset")
+    libc.prctl(pr_set_no_new_privs, 1, 0, 0, 0)
 
 
 def run_rank(request: dict, relay_fd: int) -> None:

@@ -119,28 +119,30 @@ RELAYED = CHEATS / "lesson4"
 
 
 @pytest.mark.slow
+@pytest.mark.grading_heavy
 @pytest.mark.timeout(600)
-def test_what_a_rank_does_beside_the_relay_buys_nothing(tmp_path):
+@pytest.mark.parametrize("root", [pytest.param(True, marks=needs_root), False],
+                         ids=["as root", "without root"])
+def test_what_a_rank_does_beside_the_relay_buys_nothing(tmp_path, root):
     """Class 9: the mechanism seen from outside (ddpcourse/course/relay.py). Each cheat is
     lesson 4's reference with ring_all_reduce replaced: numbers passed between its own ranks
     through what a machine shares beside decoy messages, inputs predicted instead of received,
     a ready-made collective by every road. Each scores its honest score (the ring's one
-    world-of-one point of 10), the reference full marks. Without root the ranks share the
-    machine, so the first cheat is left out there (said in the skip list of the report)."""
+    world-of-one point of 10), the reference full marks: as root (every rank a sandbox of its
+    own) and without (every rank in namespaces of its own inside a user namespace)."""
     reference = (ROOT / "solutions" / "lesson4" / "exercises.py").read_text()
     klass = tmp_path / "class"
     honest = {"zzz_solution": 42}
     (klass / "zzz_solution" / "lesson4").mkdir(parents=True)
     (klass / "zzz_solution" / "lesson4" / "exercises.py").write_text(reference)
     for cheat in sorted(RELAYED.glob("*.py")):
-        if cheat.stem == "shares_between_its_ranks" and not is_root():
-            continue  # without root nothing isolates the ranks (tests/grading/README.md)
         text = cheat.read_text()
         honest[cheat.stem] = int(HONEST.search(text).group(1))
         (klass / cheat.stem / "lesson4").mkdir(parents=True)
         (klass / cheat.stem / "lesson4" / "exercises.py").write_text(
             reference + "\n\n# --- the cheat\n" + text)
-    students = grade_class_of(4, klass, tmp_path / "grades", timeout=540)
+    students = grade_class_of(4, klass, tmp_path / "grades", timeout=540,
+                              env=None if root else {"COURSE_SANDBOX_NO_ROOT": "1"})
     wrong = {name: (row["total"], row["status"]) for name, row in students.items()
              if row["total"] != honest[name] or row["status"] != "graded"}
     assert not wrong, f"scores (total, status) other than the honest ones {honest}: {wrong}"

@@ -162,7 +162,7 @@ dist.init_process_group = _fails
     return lambda: list(Path(tempfile.gettempdir()).glob(f"{marks}*"))
 
 
-def grade_class_of(lesson: int, klass: Path, out: Path, timeout: float) -> dict:
+def grade_class_of(lesson: int, klass: Path, out: Path, timeout: float, env=None) -> dict:
     """`grading class` of every folder under klass, one lesson, two students at a time, as an
     instructor runs it: {student: its row of class.json}."""
     import json
@@ -170,6 +170,6 @@ def grade_class_of(lesson: int, klass: Path, out: Path, timeout: float) -> dict:
     graded = run([PYTHON, "-m", "ddpcourse.course.grading", "class", str(klass), "--lesson",
                   str(lesson),
                   "--csv", str(out / "class.csv"), "--out", str(out / "class"),
-                  "--workers", "2"], timeout=timeout)
+                  "--workers", "2"], timeout=timeout, env=env)
     assert graded.returncode == 0, graded.stdout[-3000:] + graded.stderr[-3000:]
     return json.loads((out / "class.json").read_text())["students"]
