@@ -188,14 +188,24 @@ def block_bytes():
 
 
 def ring_problems(mine, case, causal, rank, world, where):
-    """Output problems, then mechanism problems, of one rank's ring_call."""
+    """(output problems, mechanism problems, structure problems) of one rank's ring_call. The
+    structure: a rank exchanges blocks with one peer each way, its ring neighbours, whichever
+    way the ring turns; blocks sent straight to every rank are the all-gather the ring exists
+    to avoid, and their right outputs do not count as the ring's."""
     want = lesson10_block(attention(case, world, causal), rank)
     if mine["refused"]:
-        return [f"{where}: called {mine['refused'][0]}"], []
+        return [f"{where}: called {mine['refused'][0]}"], [], []
     if not close(mine["out"], want, case):
-        return [f"{where}: the output differs from attention in one process"], []
+        return [f"{where}: the output differs from attention in one process"], [], []
     sent = [m for m in mine["messages"] if m[0] == "send"]
     received = [m for m in mine["messages"] if m[0] == "recv"]
+    peers_out, peers_in = {m[1] for m in sent}, {m[1] for m in received}
+    structure = []
+    if world > 1 and (len(peers_out) > 1 or len(peers_in) > 1 or not (
+            peers_out | peers_in) <= {(rank + 1) % world, (rank - 1) % world}):
+        structure.append(f"{where}: right, but not by a ring: it sent to {sorted(peers_out)} "
+                         f"and received from {sorted(peers_in)} (group ranks); in a ring each "
+                         "rank passes blocks to one neighbour and gets them from the other")
     mechanism = []
     if world > 1:
         if {m[1] for m in sent} != {(rank + 1) % world} or \
@@ -211,21 +221,22 @@ def ring_problems(mine, case, causal, rank, world, where):
                                  f"hops of a K and a V block are {expected}")
     elif mine["messages"]:
         mechanism.append(f"{where}: {len(mine['messages'])} messages in a group of one")
-    return [], mechanism
+    return [], mechanism, structure
 
 
 def judge_ring(case, causal, sub_groups=False):
     def judge(seen):
-        world, results, mechanism = len(seen), [], []
+        world, results, mechanism, structure = len(seen), [], [], []
         for rank, mine in enumerate(seen):
             r, w, where = rank, world, f"rank {rank}"
             if sub_groups:
                 ranks = lesson10_sub_groups(world)[0 if rank == 0 else 1]
                 r, w, where = ranks.index(rank), len(ranks), f"rank {rank} (group {ranks})"
-            wrong, how = ring_problems(mine, case, causal, r, w, where)
+            wrong, how, shape = ring_problems(mine, case, causal, r, w, where)
             results += wrong
             mechanism += how
-        return results, mechanism
+            structure += shape
+        return results, mechanism, structure
     return judge_once(judge)
 
 
@@ -248,11 +259,15 @@ def ring_verdicts():
     def result(judge):
         return lambda seen: (judge(seen)[0], "")
 
+    def result_by_a_ring(judge):
+        return lambda seen: (judge(seen)[0] or judge(seen)[2], "")
+
     def result_and_mechanism(judge):
         return lambda seen: (judge(seen)[0] or judge(seen)[1], "")
 
-    return {"ring": ("ring", result(plain)), "ring_causal": ("ring_causal", result(causal)),
-            "ring_large": ("ring_large", result(large)),
+    return {"ring": ("ring", result_by_a_ring(plain)),
+            "ring_causal": ("ring_causal", result_by_a_ring(causal)),
+            "ring_large": ("ring_large", result_by_a_ring(large)),
             "ring_messages": ("ring", result_and_mechanism(plain)),
             "ring_causal_messages": ("ring_causal", result_and_mechanism(causal)),
             "ring_skips": ("ring_causal", lambda seen: (
@@ -354,10 +369,20 @@ def no_gradient_or_zero(got):
 
 
 def moe_problems(mine, case, rank, world, where):
-    """(output problems, gradient problems, traffic problems) of one rank's moe_call."""
+    """(output problems, gradient problems, traffic problems, structure problems) of one
+    rank's moe_call. The structure: rows travel by all-to-all; an all-reduce or all-gather
+    of every token gives every rank all of them, and its right outputs do not count as the
+    dispatch's."""
     outs, tokens_grads, grads = moe_reference(case, world)
     if not same(mine["out"], outs[rank]):
-        return [f"{where}: the output differs from the experts run in one process"], [], []
+        return [f"{where}: the output differs from the experts run in one process"], [], [], []
+    elsewhere = [(op, nbytes) for op, numel, nbytes, _ in mine["collectives"]
+                 if op not in ALL_TO_ALL]
+    structure = []
+    if sum(nbytes for _, nbytes in elsewhere) > 8 * 2 * world * world:  # counts at most
+        structure.append(f"{where}: right, but the tokens travelled by {elsewhere[0][0]} "
+                         f"({sum(n for _, n in elsewhere)} bytes): every rank got every "
+                         "token, where an all-to-all sends each row only to its expert's rank")
     backward = [f"{where}: backward failed: {mine['backward']}"] if mine.get("backward") else []
     if not backward and not same(mine["tokens"], tokens_grads[rank]):
         backward.append(f"{where}: the tokens' gradient differs from one process's (or none)")
@@ -385,20 +410,20 @@ def moe_problems(mine, case, rank, world, where):
                       if numel and nbytes == 4 * numel)
     if float_bytes > need + 4 * 2 * world * world:
         traffic.append(f"{where}: {float_bytes} bytes of rows exchanged where {need} must move")
-    return [], backward, traffic
+    return [], backward, traffic, structure
 
 
 def judge_moe(case, sub_groups=False):
     def judge(seen):
-        world, out, back, traffic = len(seen), [], [], []
+        world, out, back, traffic, structure = len(seen), [], [], [], []
         for rank, mine in enumerate(seen):
             r, w, where = rank, world, f"rank {rank}"
             if sub_groups:
                 ranks = lesson10_sub_groups(world)[0 if rank == 0 else 1]
                 r, w, where = ranks.index(rank), len(ranks), f"rank {rank} (group {ranks})"
-            a, b, c = moe_problems(mine, case, r, w, where)
-            out, back, traffic = out + a, back + b, traffic + c
-        return out, back, traffic
+            a, b, c, d = moe_problems(mine, case, r, w, where)
+            out, back, traffic, structure = out + a, back + b, traffic + c, structure + d
+        return out, back, traffic, structure
     return judge_once(judge)
 
 
@@ -421,11 +446,15 @@ def judge_moe_refused(seen):
 def moe_verdicts():
     uneven, empty = judge_moe("uneven"), judge_moe("empty")
     group = judge_moe("uneven", sub_groups=True)
+    def by_all_to_all(judge, then):
+        """The outputs right, the rows moved by all-to-all, and `then` (the gradients)."""
+        return lambda seen: (judge(seen)[0] or judge(seen)[3] or judge(seen)[then], "")
+
     return {"moe": ("moe", lambda seen: (uneven(seen)[0], "")),
-            "moe_backward": ("moe", lambda seen: (uneven(seen)[0] or uneven(seen)[1], "")),
+            "moe_backward": ("moe", by_all_to_all(uneven, 1)),
             "moe_traffic": ("moe", lambda seen: (uneven(seen)[0] or uneven(seen)[2], "")),
-            "moe_empty": ("moe_empty", lambda seen: (empty(seen)[0] or empty(seen)[1], "")),
-            "moe_group": ("moe_group", lambda seen: (group(seen)[0] or group(seen)[1], "")),
+            "moe_empty": ("moe_empty", by_all_to_all(empty, 1)),
+            "moe_group": ("moe_group", by_all_to_all(group, 1)),
             "moe_refused": ("moe_refused", judge_moe_refused)}
 
 
