@@ -58,6 +58,11 @@ def test_identity_of_lightning_s_children_without_rank(ex):
     assert ex.identity_from_launcher(on_node_0, devices_per_node=2) == who(1, 1, 0, 2)
     two_nodes = {**MASTER, "LOCAL_RANK": "0", "NODE_RANK": "1", "WORLD_SIZE": "4"}
     assert ex.identity_from_launcher(two_nodes, devices_per_node=2) == who(2, 0, 1, 4)
+    # Nodes unequal to devices per node: 2 nodes of 3, 4 nodes of 2.
+    two_of_three = {**MASTER, "LOCAL_RANK": "2", "NODE_RANK": "1", "WORLD_SIZE": "6"}
+    assert ex.identity_from_launcher(two_of_three, devices_per_node=3) == who(5, 2, 1, 6)
+    four_of_two = {**MASTER, "LOCAL_RANK": "1", "NODE_RANK": "3", "WORLD_SIZE": "8"}
+    assert ex.identity_from_launcher(four_of_two, devices_per_node=2) == who(7, 1, 3, 8)
     one_line_value_error(ex.identity_from_launcher, LIGHTNING)  # the devices are needed
 
 
@@ -68,6 +73,9 @@ def test_identity_under_deepspeed_with_its_local_rank_argument(ex):
         who(3, 1, 1, 4)
     assert ex.identity_from_launcher(DEEPSPEED, ["--epochs", "1", "--local_rank", "1"]) == \
         who(3, 1, 1, 4)
+    three_nodes_of_two = {**DEEPSPEED, "RANK": "5", "WORLD_SIZE": "6", "CROSS_RANK": "2",
+                          "CROSS_SIZE": "3"}
+    assert ex.identity_from_launcher(three_nodes_of_two, ["--local_rank=1"]) == who(5, 1, 2, 6)
     one_line_value_error(ex.identity_from_launcher, DEEPSPEED, ["--local_rank=0"])
     one_line_value_error(ex.identity_from_launcher, DEEPSPEED, ["--local_rank", "2"])
 
@@ -93,6 +101,10 @@ def test_identity_of_nested_launchers_is_the_innermost(ex):
     assert ex.identity_from_launcher(lightning_in_slurm, devices_per_node=3) == who(7, 1, 2, 9)
     # mpirun inside an allocation
     assert ex.identity_from_launcher({**SRUN, **OPEN_MPI}) == who(7, 3, 1, 12)
+    # torchrun started by mpirun, one per node: the workers inherit mpirun's variables too
+    under_mpirun = {**TORCHRUN, "OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_LOCAL_RANK": "0",
+                    "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_SIZE": "1"}
+    assert ex.identity_from_launcher(under_mpirun) == who(5, 1, 1, 8)
 
 
 @pytest.mark.l9_launcher_identity
@@ -148,8 +160,10 @@ def expected_every_rank(loader_spec, world, seed=0, epochs=2):
 @pytest.mark.l9_shard_loader
 @pytest.mark.points(2)
 def test_shard_a_shuffling_loader_as_distributed_sampler_would(ex):
-    for length, batch, world, seed in [(23, 4, 3, 5), (40, 8, 2, 0), (17, 3, 4, 11)]:
-        loader_spec = spec(length, batch, shuffle=True)
+    for length, batch, world, seed, drop_last in [
+            (23, 4, 3, 5, False), (40, 8, 2, 0, False), (17, 3, 4, 11, False),
+            (23, 4, 3, 7, True)]:  # the sampler pads to 24: 8 each, two whole batches
+        loader_spec = spec(length, batch, shuffle=True, drop_last=drop_last)
         read = read_every_rank(ex, loader_spec, world, seed=seed)
         assert all(class_names(DataLoader)[0] in r["loader_classes"] and r["set_epoch"]
                    for r in read), (length, world)
@@ -163,7 +177,8 @@ def test_shard_a_shuffling_loader_as_distributed_sampler_would(ex):
 @pytest.mark.l9_shard_loader
 @pytest.mark.points(1)
 def test_shard_an_ordered_loader_in_order(ex):
-    for length, batch, world, drop_last in [(9, 2, 2, False), (10, 3, 3, True), (7, 7, 3, False)]:
+    for length, batch, world, drop_last in [(9, 2, 2, False), (10, 3, 3, True), (7, 7, 3, False),
+                                            (11, 3, 2, True)]:  # 6 each after padding: 2 batches
         loader_spec = spec(length, batch, shuffle=False, drop_last=drop_last)
         read = read_every_rank(ex, loader_spec, world)
         assert [r["read"] for r in read] == expected_every_rank(loader_spec, world), \
