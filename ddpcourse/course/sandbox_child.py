@@ -27,7 +27,6 @@ import os
 import pickle
 import socket
 import struct
-import subprocess
 import sys
 import time
 import traceback
@@ -51,8 +50,24 @@ def loopback_up() -> None:
         fcntl.ioctl(s, siocsifflags, struct.pack("16sH14s", b"lo", flags | iff_up, b""))
 
 
-def mount(*args: str) -> None:
-    subprocess.run(["mount", *args], check=True)
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = \
+    0x1, 0x2, 0x4, 0x8, 0x20, 0x1000, 0x4000, 0x40000
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def mount(source: str, target: str, fstype: str = "", flags: int = 0, data: str = "") -> None:
+    """mount(2) itself: a sandbox makes a dozen mounts, and a `mount` program for each was a
+    fork of this process (which holds torch) every time."""
+    if _libc.mount(source.encode(), target.encode(), fstype.encode() if fstype else None,
+                   flags, data.encode() if data else None):
+        raise OSError(ctypes.get_errno(), f"mount {source} on {target}")
+
+
+def read_only(target: str) -> None:
+    """Remount a bind mount read-only, keeping the flags it already has (nosuid, nodev,
+    noexec: in a user namespace they cannot be dropped)."""
+    kept = os.statvfs(target).f_flag & (MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    mount("none", target, "", MS_REMOUNT | MS_BIND | MS_RDONLY | kept)
 
 
 SYSTEM = ("/usr", "/bin", "/lib", "/lib64", "/lib32", "/libx32", "/sbin", "/etc", "/sys")
@@ -66,9 +81,9 @@ def bind(source: str, root: str, writable: bool = False) -> None:
         os.symlink(os.readlink(source), target)
         return
     os.makedirs(target, exist_ok=True)
-    mount("--rbind", source, target)
+    mount(source, target, "", MS_BIND | MS_REC)
     if not writable:
-        mount("-o", "remount,bind,ro", target)
+        read_only(target)
 
 
 # What a sandbox may hold outside its processes' memory, each a tmpfs of its own (counted in
@@ -90,28 +105,28 @@ def enter_minimal_root(root: str, readable: list[str], writable: list[str], uid:
     and nothing else (no checkout of the course anywhere on the machine, no other student, no
     results); then chroot into it. /tmp, /dev/shm and each writable folder are bounded tmpfs
     of its own, /proc that of the new PID namespace. TMPDIR is a folder of its home."""
-    mount("--make-rprivate", "/")
-    mount("-t", "tmpfs", "-o", "size=1m,mode=0755", "sandbox-root", root)
+    mount("none", "/", "", MS_REC | MS_PRIVATE)
+    mount("sandbox-root", root, "tmpfs", 0, "size=1m,mode=0755")
     for path in SYSTEM:
         if os.path.lexists(path):
             bind(path, root)
     os.makedirs(root + "/dev")
-    mount("--rbind", "/dev", root + "/dev")
-    mount("-t", "tmpfs", "-o", f"size={SHM_BYTES},mode=1777", "shm", root + "/dev/shm")
+    mount("/dev", root + "/dev", "", MS_BIND | MS_REC)
+    mount("shm", root + "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, f"size={SHM_BYTES},mode=1777")
     os.makedirs(root + "/proc")
-    mount("-t", "proc", "proc", root + "/proc")
+    mount("proc", root + "/proc", "proc", MS_NOSUID | MS_NODEV)
     for name, value in IPC_LIMITS.items():
         with open(f"{root}/proc/sys/{name}", "w") as f:
             f.write(str(value))
     os.makedirs(root + "/tmp")
-    mount("-t", "tmpfs", "-o", f"size={TMP_BYTES},mode=1777", "tmp", root + "/tmp")
+    mount("tmp", root + "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"size={TMP_BYTES},mode=1777")
     for path in readable:
         bind(path, root)
     for path in writable:
         target = root + os.path.abspath(path)
         os.makedirs(target, exist_ok=True)
-        mount("-t", "tmpfs", "-o", f"size={HOME_BYTES},mode=0700,uid={uid},gid={uid}",
-              "home", target)
+        mount("home", target, "tmpfs", MS_NOSUID | MS_NODEV,
+              f"size={HOME_BYTES},mode=0700,uid={uid},gid={uid}")
         os.makedirs(target + "/tmp")
         os.chown(target + "/tmp", uid, uid)
     os.chroot(root)
@@ -519,7 +534,7 @@ def start_sandbox(request: dict, fds: list[int]) -> None:
         if isolated:
             isolate(request["root"], request["readable"], request["writable"], request["uid"])
         elif own_user:
-            private_mounts(libc, request["keep"], [os.environ["HOME"]])
+            private_mounts(request["keep"], [os.environ["HOME"]])
         os.chdir(os.environ["HOME"])
         sys.path.insert(0, os.environ["COURSE_PROBES"])
         if rank:
@@ -542,20 +557,11 @@ def enter_own_user_namespace(libc, namespaces: int) -> None:
             f.write(text)
 
 
-MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = \
-    0x1, 0x2, 0x4, 0x20, 0x1000, 0x4000, 0x40000
-
-
-def private_mounts(libc, readable: list[str], writable: list[str]) -> None:
+def private_mounts(readable: list[str], writable: list[str]) -> None:
     """In the new user and mount namespaces (PID 1 of the new PID one): /tmp, /dev/shm and
     each writable folder a bounded tmpfs of this process alone, `readable` kept in view
     read-only (they may lie under /tmp), /proc that of its PID namespace, loopback up; then
     every capability dropped, so none of it can be undone."""
-    def mount(source, target, fstype, flags, data=""):
-        if libc.mount(source.encode(), target.encode(), fstype.encode() if fstype else None,
-                      flags, data.encode() if data else None):
-            raise OSError(ctypes.get_errno(), f"mount {target}")
-
     kept = {path: os.open(path, os.O_PATH | os.O_DIRECTORY) for path in readable}
     mount("none", "/", "", MS_REC | MS_PRIVATE)
     for target, size in (("/tmp", TMP_BYTES), ("/dev/shm", SHM_BYTES)):
@@ -563,7 +569,7 @@ def private_mounts(libc, readable: list[str], writable: list[str]) -> None:
     for path, fd in kept.items():
         os.makedirs(path, exist_ok=True)
         mount(f"/proc/self/fd/{fd}", path, "", MS_BIND | MS_REC)
-        mount("none", path, "", MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+        read_only(path)
         os.close(fd)
     for path in writable:
         os.makedirs(path, exist_ok=True)
@@ -571,7 +577,7 @@ def private_mounts(libc, readable: list[str], writable: list[str]) -> None:
         os.makedirs(os.path.join(path, "tmp"))
     mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV)
     loopback_up()
-    drop_capabilities(libc)
+    drop_capabilities(_libc)
 
 
 def drop_capabilities(libc) -> None:
