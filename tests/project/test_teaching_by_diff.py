@@ -1,8 +1,8 @@
 """Scripts teach by their diffs: every `diff scripts/A.py scripts/B.py` the course promises (in a
 script, a reading or a notebook) is small enough to read as one lesson's change, and the step
 scripts use torch's documented API only; experiments, the helper package and the grader
-(tests/grading) use a private torch name only where the allow-list below says why (and the source says it too, on the line or just
-above it).
+(tests/grading) use a private torch name only where the allow-list below says why (and the
+source says it too, on the line or just above it).
 """
 
 import ast

@@ -24,10 +24,8 @@ from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
-# The C++ backend class, whose methods are the one route around the dispatcher; and the one
-# way to see every operator a thread runs.
-from torch._C._distributed_c10d import Backend
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch._C._distributed_c10d import Backend  # whose methods go around the dispatcher
+from torch.utils._python_dispatch import TorchDispatchMode  # sees every operator a thread runs
 
 NAMESPACES = ("c10d", "_c10d_functional", "c10d_functional", "_c10d_functional_autograd")
 MESSAGES = {"c10d::send": "send", "c10d::recv_": "recv", "c10d::recv_any_source_": "recv"}
