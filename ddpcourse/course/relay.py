@@ -442,8 +442,10 @@ class Relay:
             known = self.groups.setdefault(str(request["group"]), ranks)
             if known != ranks or rank not in ranks or \
                     any(not 0 <= r < self.world for r in ranks):
-                self.reply(rank, {"id": ident, "error": f"group {request['group']}: rank "
-                                  f"{rank} asked for ranks {ranks}, another for {known}"})
+                self.reply(rank, {"id": ident, "error": (
+                    f"group {request['group']}: rank {rank} made it of ranks {ranks}, another "
+                    f"rank of {known}: every process must create every group (dist.new_group), "
+                    "in the same order, members or not")})
                 return
             self.event(rank, kind="group", ranks=tuple(ranks))
             self.reply(rank, {"id": ident})

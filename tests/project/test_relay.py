@@ -1,16 +1,19 @@
 """The relay (ddpcourse/course/relay.py): the only road between a relayed job's ranks.
 
-Each test forks W processes (no sandbox: the relay itself is under test), joins them to a
-Relay held by this process, and compares what the relay computed with what one process
-computes. World sizes 1 to 4, odd ones included; every wait is bounded.
+Each test starts W processes (no sandbox: the relay itself is under test; this file is also
+the ranks' program), joins them to a Relay held by this process, and compares what the
+relay computed with what one process computes. World sizes 1 to 4, odd ones included; every
+wait is bounded.
 """
 
 import os
-import signal
 import socket
 import struct
+import subprocess
+import sys
 import time
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 import torch
@@ -18,51 +21,49 @@ import torch.distributed as dist
 
 from ddpcourse.course import relay
 
+ROOT = Path(__file__).resolve().parents[2]
+
 TIMEOUT = timedelta(seconds=10)
 
 
-def run_ranks(world: int, body, refuse: bool = False, limit: float = 60):
-    """body(rank, world) in `world` forked processes joined to one relay; returns the relay
-    and each rank's exit status. What a rank returns is noted to the relay as "result"."""
+def run_ranks(world: int, body, refuse: bool = False, limit: float = 40):
+    """body(rank, world), a function of this module, in `world` processes (the test suite's
+    interpreter: a fork of its fork server, single-threaded) joined to one relay; returns the
+    relay and each rank's exit status. What a rank returns is noted to the relay."""
     hub = relay.Relay(world, refuse_collectives=refuse)
-    pids = []
+    procs = []
     for rank in range(world):
-        pid = os.fork()
-        if pid == 0:
-            code = 0
-            try:
-                for other, (mine, theirs) in enumerate(zip(hub.ours, hub.theirs, strict=True)):
-                    mine.close()
-                    if other != rank:  # as in a sandbox: its own end, no other
-                        theirs.close()
-                relay.join(hub.rank_end(rank), rank, world, TIMEOUT)
-                relay.note(result=body(rank, world))
-                dist.destroy_process_group()
-            except BaseException as error:  # noqa: BLE001  reported, as a rank's end
-                try:
-                    relay.note(error=f"{type(error).__name__}: {error}")
-                except BaseException:  # noqa: BLE001
-                    pass
-                code = 3
-            os._exit(code)
-        pids.append(pid)
+        fd = hub.rank_end(rank)
+        procs.append(subprocess.Popen(
+            [sys.executable, __file__, str(fd), str(rank), str(world), body.__name__],
+            pass_fds=(fd,), cwd=str(ROOT), stdin=subprocess.DEVNULL))
     hub.close_rank_ends()
     hub.start()
-    deadline, codes = time.monotonic() + limit, {}
-    while len(codes) < world and time.monotonic() < deadline:
-        for pid in pids:
-            if pid not in codes:
-                done, status = os.waitpid(pid, os.WNOHANG)
-                if done:
-                    codes[pid] = os.waitstatus_to_exitcode(status)
-        time.sleep(0.02)
-    for pid in pids:
-        if pid not in codes:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-            codes[pid] = "killed after the limit"
+    deadline, codes = time.monotonic() + limit, [None] * world
+    for i, proc in enumerate(procs):
+        try:
+            codes[i] = proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            codes[i] = "killed after the limit"
     hub.close()
-    return hub, [codes[p] for p in pids]
+    return hub, codes
+
+
+def rank_main(fd: int, rank: int, world: int, name: str) -> None:
+    code = 0
+    try:
+        relay.join(fd, rank, world, TIMEOUT)
+        relay.note(result=globals()[name](rank, world))
+        dist.destroy_process_group()
+    except BaseException as error:  # noqa: BLE001  reported, as a rank's end
+        try:
+            relay.note(error=f"{type(error).__name__}: {error}")
+        except BaseException:  # noqa: BLE001
+            pass
+        code = 3
+    os._exit(code)
 
 
 def results(hub):
@@ -298,3 +299,7 @@ def test_a_rank_that_writes_garbage_only_ends_itself(garbage):
     theirs.close()
     quiet.close()
     hub.close()
+
+
+if __name__ == "__main__":  # one rank of run_ranks
+    rank_main(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])
