@@ -17,6 +17,14 @@ SUBMISSIONS ?= submissions
 SLURM   ?=
 SLURM_TASKS ?= 4
 SBATCH_ARGS ?=
+# grade-class: the term record it merges into, a roster CSV, a late policy (TOML), a gradebook
+# CSV to write (ANONYMOUS=1: without names); ONLY=student re-grades that folder alone. TERM is
+# read only from make's command line: the environment's TERM is the terminal's type.
+ROSTER    ?=
+POLICY    ?=
+GRADEBOOK ?=
+ANONYMOUS ?=
+ONLY      ?=
 RELEASE ?= build/student-release
 GRADER  ?=
 CLASSROOM_WORKFLOW ?= build/classroom.yml
@@ -121,8 +129,14 @@ grade: setup ## grade exercises: [LESSON=n] [IMPL=student|solutions] [SUBMISSION
 
 # SLURM=1: one array job of SLURM_TASKS tasks on the cluster this machine is a login node of,
 # merged into the same CSV and JSON; SBATCH_ARGS adds what the site needs (--partition=...).
-grade-class: setup ## grade every folder under SUBMISSIONS=dir into build/grades/class.csv [SLURM=1]
+# Each run merges into the term record (TERM, default build/grades/term.json): only the
+# students and lessons it graded are replaced; class.csv is the whole term.
+grade-class: setup ## grade every folder under SUBMISSIONS=dir, merged into the term record and build/grades/class.csv [ONLY= ROSTER= POLICY= GRADEBOOK= SLURM=1]
 	@$(VPY) -m ddpcourse.course.grading class '$(SUBMISSIONS)' --lesson '$(LESSON)' \
+		$(if $(filter command line,$(origin TERM)),--term '$(TERM)') \
+		$(if $(ROSTER),--roster '$(ROSTER)') \
+		$(if $(POLICY),--policy '$(POLICY)') $(if $(GRADEBOOK),--gradebook '$(GRADEBOOK)') \
+		$(if $(filter 1,$(ANONYMOUS)),--anonymous) $(if $(ONLY),--only '$(ONLY)') \
 		$(if $(filter 1,$(SLURM)),--slurm --tasks '$(SLURM_TASKS)' --sbatch-args '$(SBATCH_ARGS)')
 
 notebooks: setup $(VENV)/.lesson9-installed ## execute every notebook and render HTML into build/notebooks

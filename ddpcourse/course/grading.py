@@ -8,17 +8,19 @@ Commands (the Makefile's `grade` and `grade-class` call these):
     python -m ddpcourse.course.grading grade [--lesson N] [--impl student|solutions]
                                              [--submission DIR]
     python -m ddpcourse.course.grading class SUBMISSIONS_DIR [--lesson N] [--csv grades.csv]
-                                             [--workers K]
+                                             [--workers K] [--only STUDENT] [--term T]
+                                             [--roster R] [--policy P] [--gradebook G]
+                                             [--anonymous]
 
 A class is graded a lesson at a time, K students at a time, each student alone: the grading
 tests (the judge) run in a process of their own that never imports the student's code, which
-runs in a sandbox of its own (ddpcourse/course/sandbox.py).
+runs in a sandbox of its own (ddpcourse/course/sandbox.py). What a class run grades is merged
+into the term's record (ddpcourse/course/term.py), and class.csv is written from the record.
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
 import itertools
 import json
 import os
@@ -26,13 +28,13 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import xml.etree.ElementTree as ET
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from ddpcourse.course import intake
-from ddpcourse.course.lessons import exercise_markers
+from ddpcourse.course import intake, term
 from ddpcourse.course.sandbox import zygote_for_this_process
 from ddpcourse.exercises import IMPLS, ROOT
 
@@ -47,6 +49,15 @@ def exercise_of(item) -> str:
     if len(set(names)) != 1:
         raise ValueError(f"{item.nodeid} must carry exactly one exercise marker, has {names}")
     return names[0]
+
+
+def what_it_checks(item) -> str:
+    """The first paragraph of the test's docstring, on one line (what a student reads it
+    checks), or ''."""
+    doc = getattr(getattr(item, "obj", None), "__doc__", None) or ""
+    lines = [line.strip() for line in doc.strip().splitlines()]
+    first = " ".join(lines[:lines.index("")] if "" in lines else lines)  # the first paragraph
+    return first
 
 
 def points_of(item) -> float:
@@ -83,7 +94,7 @@ class ScoreKeeper:
             if GRADING_TESTS not in Path(str(item.path)).parents:
                 continue
             self.tests[item.nodeid] = {"exercise": exercise_of(item), "points": points_of(item),
-                                       "outcome": "not run"}
+                                       "outcome": "not run", "checks": what_it_checks(item)}
         self._write(finished=False)
 
     def pytest_runtest_logstart(self, nodeid, location):
@@ -162,15 +173,31 @@ def grading_targets(lesson: int | None) -> list[str]:
 def refused_lessons(submission: str | Path, lesson: int | None) -> dict[int, str]:
     """{lesson: why} for each lesson (or this one) whose files the grader will not take from
     the submission folder (ddpcourse/course/intake.py): those lessons score 0."""
-    refused = {}
+    return intake_problems(submission, lesson)[0]
+
+
+def intake_problems(submission: str | Path,
+                    lesson: int | None) -> tuple[dict[int, str], dict[int, str]]:
+    """({lesson: why refused}, {lesson: what was expected where}) for each lesson (or this
+    one) the intake (ddpcourse/course/intake.py) refuses, or finds nothing of, in the folder."""
+    refused, missing = {}, {}
     for n in [lesson] if lesson is not None else graded_lessons():
-        try:
-            intake.take(Path(submission), n)
-        except intake.Refused as why:
-            refused[n] = str(why)
-        except intake.Missing:
-            pass
-    return refused
+        kind, why = intake_problem(submission, n)
+        if kind:
+            (refused if kind == term.REFUSED else missing)[n] = why
+    return refused, missing
+
+
+def intake_problem(submission: str | Path, lesson: int) -> tuple[str, str]:
+    """("", ""), (term.REFUSED, the intake's reason) or (term.MISSING, what was expected
+    where: "no lesson1/exercises.py ... under alice/") for one lesson of a folder."""
+    try:
+        intake.take(Path(submission), lesson)
+    except intake.Refused as why:
+        return term.REFUSED, str(why)
+    except intake.Missing as why:
+        return term.MISSING, term.missing_reason(Path(submission), lesson, str(why))
+    return "", ""
 
 
 def run_grading(lesson: int | None, out_dir: Path, impl: str = "student",
@@ -195,13 +222,15 @@ def run_grading(lesson: int | None, out_dir: Path, impl: str = "student",
     env = dict(os.environ, COURSE_IMPL=impl, COURSE_RESULTS=str(results))
     env.pop("COURSE_SUBMISSION", None)
     who = f" {Path(submission).name}" if submission else ""
-    refused = {}
+    refused, missing = {}, {}
     if submission:
         # The folder itself, not where a link at its name points (intake refuses such a link).
         env["COURSE_SUBMISSION"] = str(Path(submission).absolute())
-        refused = refused_lessons(submission, lesson)
+        refused, missing = intake_problems(submission, lesson)
         for n, why in refused.items():
             print(f"grading{who}: lesson {n} refused ({why}): it scores 0", file=sys.stderr)
+        for n, why in missing.items():
+            print(f"grading{who}: lesson {n} missing ({why})", file=sys.stderr)
     tests: dict[str, dict] = {}
     retries: list[str] = []
     deselect: list[str] = []
@@ -236,7 +265,8 @@ def run_grading(lesson: int | None, out_dir: Path, impl: str = "student",
         deselect = [n for n, t in tests.items() if t["outcome"] != "not run"]
     results.write_text(json.dumps({"finished": True, "tests": tests, "scores": summarise(tests),
                                    "refused": {str(n): why for n, why in refused.items()},
-                                   "retries": retries}, indent=1))
+                                   "missing": {str(n): why for n, why in missing.items()},
+                                   "retries": retries, "graded_at": term.now()}, indent=1))
     merge_junit(junit_parts, tests, out_dir / "junit.xml", retries)
     return tests
 
@@ -338,26 +368,48 @@ def submission_folders(base: Path) -> list[Path]:
 
 
 def grade_students(students: list[Path], lessons: list[int], args) -> dict[str, dict]:
-    """{student name: {"scores": {exercise: earned}, "not_graded": ["lesson N: why", ...]}}
-    for these students, a lesson at a time (grade_lesson_of_class), timed as it goes."""
+    """{student name: {"scores": {exercise: earned}, "not_graded": ["lesson N: why", ...],
+    "lessons": {"N": term.lesson_record(...)}}} for these students, a lesson at a time
+    (grade_lesson_of_class), timed as it goes. A folder with nothing of a lesson is not
+    graded: its lesson is missing, with what was expected where (its results.json says so)."""
     out = Path(args.out)
-    results = {s.name: {"scores": {}, "not_graded": []} for s in students}
+    results = {s.name: {"scores": {}, "not_graded": [], "lessons": {}} for s in students}
     class_started = time.perf_counter()
     for lesson in lessons:
         started = time.perf_counter()
-        for student, (tests, why) in grade_lesson_of_class(
-                lesson, students, out, args.timeout, args.workers).items():
+        problems = {student: intake_problem(student, lesson) for student in students}
+        to_grade = [s for s in students if problems[s][0] != term.MISSING]
+        graded = grade_lesson_of_class(lesson, to_grade, out, args.timeout,
+                                       args.workers) if to_grade else {}
+        for student in students:
             record = results[student.name]
+            where = out / student.name / f"lesson{lesson}"
+            kind, problem = problems[student]
+            if kind == term.MISSING:
+                record["lessons"][str(lesson)] = term.lesson_record(missing=problem)
+                where.mkdir(parents=True, exist_ok=True)
+                (where / "junit.xml").unlink(missing_ok=True)
+                (where / "results.json").write_text(json.dumps(
+                    {"finished": True, "tests": {}, "scores": {}, "refused": {},
+                     "missing": {str(lesson): problem}, "retries": [],
+                     "graded_at": term.now()}, indent=1))
+                print(f"{student.name}: lesson {lesson}: missing ({problem})")
+                continue
+            tests, why = graded[student]
             if why:
                 record["not_graded"].append(f"lesson {lesson}: {why}")
+                record["lessons"][str(lesson)] = term.lesson_record(not_graded=why)
                 print(f"{student.name}: lesson {lesson} not graded: {why}")
                 continue
             lesson_scores = summarise(tests)
             record["scores"].update({e: s["earned"] for e, s in lesson_scores.items()})
-            saved = out / student.name / f"lesson{lesson}" / "results.json"
+            saved = where / "results.json"
             refused = json.loads(saved.read_text()).get("refused", {}) if saved.exists() else {}
             record.setdefault("refused", []).extend(
                 f"lesson {n} refused: {why}" for n, why in refused.items())
+            record["lessons"][str(lesson)] = term.lesson_record(
+                tests, refused=refused.get(str(lesson), ""),
+                submitted_at=term.newest_mtime(student, lesson))
             print(f"{student.name}: lesson {lesson}: "
                   f"{sum(s['earned'] for s in lesson_scores.values()):g} of "
                   f"{sum(s['possible'] for s in lesson_scores.values()):g} points"
@@ -372,27 +424,80 @@ def grade_students(students: list[Path], lessons: list[int], args) -> dict[str, 
     return results
 
 
-def write_class_results(results: dict[str, dict], lessons: list[int], csv_path: Path) -> None:
-    """The class's CSV (a column per exercise, the total, the status) and the same as JSON
-    beside it. A lesson not graded leaves its cells and the total empty, never 0."""
-    exercises = [m for m in exercise_markers()
-                 if int(re.match(r"l(\d+)_", m).group(1)) in lessons]
-    csv_path.parent.mkdir(parents=True, exist_ok=True)
-    rows = {}
-    with csv_path.open("w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(["student", *exercises, "total", "status"])
-        for name, record in results.items():
-            earned, why_not = record["scores"], record["not_graded"]
-            total = None if why_not else sum(earned.values())
-            status = "not graded: " + "; ".join(why_not) if why_not else "; ".join(
-                ["graded", *record.get("refused", [])])
-            writer.writerow([name, *(f"{earned[e]:g}" if e in earned else "" for e in exercises),
-                             "" if total is None else f"{total:g}", status])
-            rows[name] = {"scores": earned, "total": total, "status": status}
-    csv_path.with_suffix(".json").write_text(json.dumps(
-        {"lessons": lessons, "exercises": exercises, "students": rows}, indent=1))
-    print(f"class results: {csv_path} (and {csv_path.with_suffix('.json').name} beside it)")
+def lesson_points(lesson: int) -> dict[str, float]:
+    """{exercise: points} of a lesson's grading tests, from collecting them (no test runs):
+    what a missing or not graded lesson was worth when no student of the run was graded."""
+    with tempfile.TemporaryDirectory() as scratch:
+        collected = Path(scratch) / "results.json"
+        subprocess.run([sys.executable, "-m", "pytest", *grading_targets(lesson), "-q",
+                        "--collect-only", "-p", "no:cacheprovider"], cwd=ROOT,
+                       env=dict(os.environ, COURSE_RESULTS=str(collected)),
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=300)
+        if not collected.exists():
+            return {}
+        tests = json.loads(collected.read_text())["tests"]
+    return {e: s["possible"] for e, s in summarise(tests).items()}
+
+
+def class_cells(results: dict[str, dict], lessons: list[int],
+                known: dict[int, dict[str, float]]) -> dict[tuple[str, int], dict[str, dict]]:
+    """{(student, lesson): {exercise: cell}} of a class run's results (grade_students, or a
+    SLURM task's), for term.merge. A lesson missing or not graded gets a cell per exercise,
+    its points possible from the students graded in this run, else from the term record
+    (`known`), else from collecting the lesson's tests."""
+    records = {}
+    for name, result in results.items():
+        for lesson in lessons:
+            record = result.get("lessons", {}).get(str(lesson)) or term.lesson_record(
+                not_graded="; ".join(result.get("not_graded", [])) or "no results came back")
+            records[(name, lesson)] = record
+    for lesson in lessons:
+        possible: dict[str, float] = {}
+        for (_, n), record in records.items():
+            if n == lesson and record["status"] not in (term.MISSING, term.NOT_GRADED):
+                for e, s in record["scores"].items():
+                    possible[e] = max(possible.get(e, 0.0), s["possible"])
+        possible = possible or dict(known.get(lesson, {}))
+        emptied = [r for (_, n), r in records.items() if n == lesson and not r["scores"]]
+        if emptied and not possible:
+            possible = lesson_points(lesson)
+        for record in emptied:
+            earned = None if record["status"] == term.NOT_GRADED else 0.0
+            record["scores"] = {e: {"earned": earned, "possible": p} for e, p in possible.items()}
+    return {key: term.cells_of(record) for key, record in records.items()}
+
+
+def write_class_results(results: dict[str, dict], lessons: list[int], csv_path: Path,
+                        term_path: Path | None = None, out: Path | None = None,
+                        roster: str | None = None, policy: str | None = None,
+                        gradebook: str | None = None, anonymous: bool = False) -> dict:
+    """Merge a class run's results into the term record (term_path, default term.json beside
+    the CSV): only the (student, lesson) cells graded now are replaced. Then, from the whole
+    record: the class's CSV (a column per exercise, the total, the status, then the maximum,
+    the late penalty, the percentage and the roster's columns) and the same as JSON beside
+    it; each graded student's feedback.md under out; a gradebook CSV if asked. A lesson not
+    graded leaves its cells and the total empty, never 0; a missing one says what was
+    expected where."""
+    term_path = Path(term_path) if term_path else Path(csv_path).with_name("term.json")
+    with term.locked(term_path):  # two classes graded at once: each merge sees the other's
+        record = term.load_term(term_path)
+        listed = term.roster_of(record, roster)
+        if policy:
+            record["policy"] = term.read_policy(policy).as_dict()
+        cells = class_cells(results, lessons, term.lesson_maxima(record))
+        term.merge(record, cells)
+        term.apply_policy(record, listed)
+        term.save_term(record, term_path)
+    print(f"term record: {term_path} ({len(cells)} student-lessons merged)")
+    if out is not None:
+        for (name, lesson) in cells:
+            term.write_feedback(name, lesson, Path(out) / name / f"lesson{lesson}",
+                                record["students"][name]["lessons"][str(lesson)])
+        print(f"feedback: {Path(out)}/<student>/lesson<N>/feedback.md")
+    rows = term.write_class_csv(record, csv_path, listed)
+    if gradebook:
+        term.write_gradebook(record, gradebook, listed, anonymous)
+    return rows
 
 
 def task_results_path(out: Path, task: int) -> Path:
@@ -417,7 +522,8 @@ def grade_class_on_slurm(base: Path, students: list[Path], lessons: list[int],
                str(GRADING_TESTS / "grade_class.sbatch"), str(base.resolve()),
                "--out", str(out), "--timeout", str(args.timeout),
                "--workers", str(args.workers), *(["--lesson", str(args.lesson)]
-                                                 if args.lesson else [])]
+                                                 if args.lesson else []),
+               *(f"--only={names}" for names in args.only)]  # the same slices as here
     print("$ " + " ".join(command), flush=True)
     started = time.perf_counter()
     ended = subprocess.run(command, cwd=ROOT, env=dict(os.environ, COURSE_VENV=str(venv)))
@@ -448,6 +554,14 @@ def cmd_class(args) -> int:
     if not students:
         print(f"error: {base} holds no submission folders", file=sys.stderr)
         return 2
+    if args.only:
+        wanted = {name for names in args.only for name in names.split(",") if name}
+        unknown = sorted(wanted - {s.name for s in students})
+        if unknown:
+            print(f"error: --only {', '.join(unknown)}: no such folder under {base}",
+                  file=sys.stderr)
+            return 2
+        students = [s for s in students if s.name in wanted]
     lessons = [args.lesson] if args.lesson else graded_lessons()
     grading_targets(args.lesson)  # a lesson without grading tests: one line, before any work
     if args.slice:  # one task of a SLURM array: its share of the class, for the merge
@@ -462,7 +576,8 @@ def cmd_class(args) -> int:
         results = grade_class_on_slurm(base, students, lessons, args)
     else:
         results = grade_students(students, lessons, args)
-    write_class_results(results, lessons, Path(args.csv))
+    write_class_results(results, lessons, Path(args.csv), args.term, Path(args.out),
+                        args.roster, args.policy, args.gradebook, args.anonymous)
     return 0
 
 
@@ -497,6 +612,21 @@ def main(argv: list[str] | None = None) -> int:
                        help="with --slurm: more sbatch options, e.g. '--partition=cpu'")
     klass.add_argument("--slice", type=task_slice, default=None,
                        help="TASK/TASKS: grade only that slice (what an array task runs)")
+    klass.add_argument("--only", action="append", default=[], metavar="STUDENT",
+                       help="grade only this student's folder (again: merged into the term "
+                            "record); repeat it, or give several separated by commas")
+    klass.add_argument("--term", default=None,
+                       help="the term record to merge into (default: term.json beside --csv, "
+                            "build/grades/term.json)")
+    klass.add_argument("--roster", default=None,
+                       help="a roster CSV: folder (or login), student_id, name, email")
+    klass.add_argument("--policy", default=None,
+                       help="a late policy (TOML: due, penalty_per_day)")
+    klass.add_argument("--gradebook", default=None,
+                       help="also write a gradebook CSV here (student_id, points per lesson, "
+                            "maximum, percentage)")
+    klass.add_argument("--anonymous", action="store_true",
+                       help="the gradebook without names or e-mails")
     klass.set_defaults(func=cmd_class)
     for p in (grade, klass):
         p.add_argument("--lesson", type=lesson_number, default=None)

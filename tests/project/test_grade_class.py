@@ -112,8 +112,9 @@ def test_a_restarted_job_reports_each_submission_from_its_last_announcement():
 
 
 def test_a_student_not_graded_has_empty_cells_and_a_reason(monkeypatch, tmp_path):
-    for student in ("ann", "bob"):
-        (tmp_path / "class" / student).mkdir(parents=True)
+    for student in ("ann", "bob"):  # each hands in something (an empty folder is missing)
+        (tmp_path / "class" / student / "lesson1").mkdir(parents=True)
+        (tmp_path / "class" / student / "lesson1" / "exercises.py").write_text("")
     ann_tests = {"t1": {"exercise": "l1_identity", "points": 3.0, "outcome": "passed"},
                  "t2": {"exercise": "l1_global_rank", "points": 2.0, "outcome": "failed"}}
 
@@ -231,7 +232,7 @@ def test_a_slurm_array_grades_slices_of_the_class_and_a_lost_task_is_not_graded(
     # ben's task never ran: not graded, with where to look; never a silent 0
     assert rows["ben"]["total"] == "" and rows["ben"]["l1_identity"] == ""
     assert rows["ben"]["status"].startswith(
-        "not graded: SLURM array task 1 ended without results"), rows["ben"]
+        "not graded: lesson 1: SLURM array task 1 ended without results"), rows["ben"]
     saved = json.loads(out_csv.with_suffix(".json").read_text())["students"]
     assert saved["ben"]["total"] is None and saved["ben"]["scores"] == {}
     # the others, graded by tasks 0 and 2 as a local run grades them: full marks
