@@ -1,9 +1,8 @@
-"""Lesson 3: the single-device training, one process per device, with DDP and torchrun.
+"""Lesson 3: lesson2_single_device.py plus the lines that make it distributed (DDP, torchrun).
 
     make lesson3 NPROC=4                                # prints, then runs, this command:
     torchrun --nproc-per-node=4 scripts/lesson3_ddp.py --epochs 8
 
-It is lesson2_single_device.py plus the lines that make it distributed:
     diff scripts/lesson2_single_device.py scripts/lesson3_ddp.py
 """
 
@@ -96,6 +95,8 @@ def main():
     # Validation: every world_size-th image, no sampler padding: each one counted once.
     val_loader = DataLoader(Subset(val_set, range(rank, len(val_set), world_size)),
                             batch_size=batch_size)
+    print(f"rank {rank}: {len(sampler):,} samples, first indices {list(sampler)[:5]}, "
+          f"{len(train_loader)} steps per epoch\n", end="")  # one write: lines never mix
 
     torch.manual_seed(args.seed)  # the same initial weights in every run
     model = create_model(args.model, NUM_CLASSES[args.dataset], args.pretrained).to(device)
@@ -149,6 +150,8 @@ def main():
                   f"train acc {correct / seen:.3f}  val acc {val_acc:.3f} "
                   f"({int(val_seen)} images)  {time.perf_counter() - tick:.1f} s")
 
+    bits = sum(int(p.detach().view(torch.int32).sum()) for p in model.parameters())  # exact
+    print(f"rank {rank}: weights checksum {bits % 2**32:#010x}\n", end="")  # equal on all
     if rank == 0:  # one checkpoint, written once: every rank holds the same weights
         os.makedirs(os.path.dirname(args.checkpoint) or ".", exist_ok=True)
         torch.save({"model": model.module.state_dict(), "args": vars(args)}, args.checkpoint)

@@ -1,13 +1,13 @@
 """The course as a static website: `make site` writes it into build/site.
 
 The pages are the files GitHub shows, unchanged: the README (the home page, with the syllabus),
-every lesson's readings and grading.md, the appendix, the instructor's guide to the grader
-(tests/grading/README.md) and CONTRIBUTING.md. They are copied into build/site-src at the same
-relative paths, with every local file they link to (figures, the sources the appendix points
-at), so their relative links work on the site as they do on GitHub; MkDocs turns README.md into
-its folder's index.html and every link to a .md file into a link to its page. Each notebook is
-executed from the repository root, as `make notebooks` and the tests run it, and the executed
-copy, outputs included, becomes a page through mkdocs-jupyter.
+every lesson's readings and grading.md, the glossary, the appendix, the instructor's guide to
+the grader (tests/grading/README.md) and CONTRIBUTING.md. They are copied into build/site-src at
+the same relative paths, with every local file they link to (figures, the sources the appendix
+points at), so their relative links work on the site as they do on GitHub; MkDocs turns
+README.md into its folder's index.html and every link to a .md file into a link to its page.
+Each notebook is executed from the repository root, as `make notebooks` and the tests run it,
+and the executed copy, outputs included, becomes a page through mkdocs-jupyter.
 
     python -m ddpcourse.course.site [--no-execute]   lay out build/site-src (--no-execute: the
                                                      notebooks without outputs, in seconds),
@@ -118,8 +118,10 @@ def lesson_nav(lesson) -> dict:
 
 
 def site_nav() -> list:
-    """The nav: the home page, each lesson's pages, the appendix and the instructor's doc."""
+    """The nav: the home page, each lesson's pages, the glossary, the appendix and the
+    instructor's doc."""
     return [{"Home": "README.md"}, *(lesson_nav(lesson) for lesson in all_lessons()),
+            {"Glossary": "lessons/glossary.md"},
             {"Appendix": "lessons/appendix.md"},
             {"Instructors: the grader": "tests/grading/README.md"},
             {"Contributing": "CONTRIBUTING.md"}]

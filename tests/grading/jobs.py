@@ -101,7 +101,7 @@ def will_launch(job: Job) -> bool:
 def restartable(restarts: int) -> dict:
     """launch() options for a job torchrun restarts after a worker dies (lesson 6): c10d
     rendezvous, and workers that do not share its store (else the restarted workers find the
-    dead ones' addresses: see lessons/lesson6/README.md)."""
+    dead ones' addresses: see lessons/lesson6/restarts.md)."""
     return {"rdzv": "c10d", "torchrun_args": [f"--max-restarts={restarts}"],
             "env": {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}}
 

@@ -1,5 +1,5 @@
 """What torch's own context_parallel (a prototype) does on the CPU with gloo at W = 2, as
-lessons/lesson10/README.md section 4 quotes it from
+lessons/lesson10/context_parallel.md quotes it from
 scripts/experiments/lesson10_context_parallel.py.
 
 These tests pin torch 2.14.1's behaviour, whatever it is: a torch that changes it (a CPU

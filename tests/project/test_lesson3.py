@@ -65,6 +65,12 @@ def torchrun_three(tmp_path_factory):
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_ddp_on_three_processes_learns_and_counts_every_validation_image_once(torchrun_three):
+    import torch
+    from torch.utils.data import DistributedSampler
+
+    from ddpcourse.data import NUM_CLASSES
+    from ddpcourse.models import create_model
+
     result, checkpoint = torchrun_three
     out = result.stdout
     s = summary(out)
@@ -80,6 +86,24 @@ def test_ddp_on_three_processes_learns_and_counts_every_validation_image_once(to
     assert "3 process(es) on cpu with gloo" in out
     assert checkpoint.stat().st_size > 100_000
     assert "Traceback" not in result.stderr
+    # every rank prints its own share, as DistributedSampler gives it: ceil(1438 / 3) = 480
+    # samples in ceil(480 / 85) = 6 steps, and the first indices of epoch 0
+    shares = re.findall(r"^rank (\d+): ([\d,]+) samples, first indices \[([\d, ]+)\], "
+                        r"(\d+) steps per epoch$", out, re.M)
+    assert sorted(int(r) for r, *_ in shares) == [0, 1, 2], out
+    for r, samples, first, steps in shares:
+        sampler = DistributedSampler(range(1438), num_replicas=3, rank=int(r), shuffle=True,
+                                     seed=0)
+        assert (samples, steps) == ("480", "6")
+        assert [int(i) for i in first.split(", ")] == list(sampler)[:5]
+    # and the checksum of its weights: the same on every rank, and that of the checkpoint
+    # (found anywhere: the line may land between the text and the newline of rank 0's print)
+    checksums = dict(re.findall(r"rank (\d+): weights checksum (0x[0-9a-f]{8})\n", out))
+    assert sorted(checksums) == ["0", "1", "2"] and len(set(checksums.values())) == 1, out
+    model = create_model("test_resnet", NUM_CLASSES["digits"])
+    model.load_state_dict(torch.load(checkpoint, weights_only=True)["model"])
+    bits = sum(int(w.detach().view(torch.int32).sum()) for w in model.parameters())
+    assert checksums["0"] == f"{bits % 2**32:#010x}"
 
 
 @pytest.mark.slow
