@@ -18,8 +18,10 @@ SLURM   ?=
 SLURM_TASKS ?= 4
 SBATCH_ARGS ?=
 # grade-class: the term record it merges into, a roster CSV, a late policy (TOML), a gradebook
-# CSV to write (ANONYMOUS=1: without names); ONLY=student re-grades that folder alone. TERM is
-# read only from make's command line: the environment's TERM is the terminal's type.
+# CSV to write (ANONYMOUS=1: without names); ONLY=student re-grades that folder alone;
+# ALLOW_UNISOLATED=1 grades where nothing isolates the code (no root, no user namespaces).
+# TERM is read only from make's command line: the environment's TERM is the terminal's type.
+ALLOW_UNISOLATED ?=
 ROSTER    ?=
 POLICY    ?=
 GRADEBOOK ?=
@@ -137,6 +139,7 @@ grade-class: setup ## grade every folder under SUBMISSIONS=dir, merged into the 
 		$(if $(ROSTER),--roster '$(ROSTER)') \
 		$(if $(POLICY),--policy '$(POLICY)') $(if $(GRADEBOOK),--gradebook '$(GRADEBOOK)') \
 		$(if $(filter 1,$(ANONYMOUS)),--anonymous) $(if $(ONLY),--only '$(ONLY)') \
+		$(if $(filter 1,$(ALLOW_UNISOLATED)),--allow-unisolated) \
 		$(if $(filter 1,$(SLURM)),--slurm --tasks '$(SLURM_TASKS)' --sbatch-args '$(SBATCH_ARGS)')
 
 notebooks: setup $(VENV)/.lesson9-installed ## execute every notebook and render HTML into build/notebooks

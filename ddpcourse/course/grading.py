@@ -35,7 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from ddpcourse.course import intake, term
-from ddpcourse.course.sandbox import zygote_for_this_process
+from ddpcourse.course.sandbox import is_root, isolation, user_namespaces, zygote_for_this_process
 from ddpcourse.exercises import IMPLS, ROOT
 
 GRADING_TESTS = ROOT / "tests" / "grading"
@@ -625,6 +625,8 @@ def main(argv: list[str] | None = None) -> int:
     klass.add_argument("--gradebook", default=None,
                        help="also write a gradebook CSV here (student_id, points per lesson, "
                             "maximum, percentage)")
+    klass.add_argument("--allow-unisolated", action="store_true",
+                       help="grade even where nothing isolates the students' code")
     klass.add_argument("--anonymous", action="store_true",
                        help="the gradebook without names or e-mails")
     klass.set_defaults(func=cmd_class)
@@ -635,6 +637,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if getattr(args, "submission", None) == "":
         args.submission = None
+    print(isolation(), flush=True)
+    if args.func is cmd_class and not is_root() and not user_namespaces() and \
+            not args.allow_unisolated:
+        print("error: no isolation here for a class's code (neither root nor user namespaces); "
+              "grade as root, or pass --allow-unisolated (make grade-class "
+              "ALLOW_UNISOLATED=1) to grade it anyway", file=sys.stderr)
+        return 2
     with zygote_for_this_process():  # every sandbox of this grading forks from one template
         return args.func(args)
 

@@ -118,6 +118,35 @@ def real_python() -> str:
     return os.environ.get("COURSE_REAL_PYTHON") or sys.executable
 
 
+_user_namespaces: list[bool] = []
+
+
+def user_namespaces() -> bool:
+    """Whether this kernel lends this user a user namespace (with network, mount, IPC and PID
+    namespaces in it), tried once in a child."""
+    if not _user_namespaces:
+        pid = os.fork()
+        if pid == 0:
+            libc = ctypes.CDLL(None, use_errno=True)
+            os._exit(0 if libc.unshare(0x10000000 | 0x00020000 | 0x08000000 | 0x40000000
+                                       | 0x20000000) == 0 else 1)
+        _user_namespaces.append(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0)
+    return _user_namespaces[0]
+
+
+def isolation() -> str:
+    """In one line, how a submission's code is kept apart here."""
+    if is_root():
+        return ("isolation: full (root): a user, a file system and network, PID and IPC "
+                "namespaces of its own per sandbox and per rank")
+    if user_namespaces():
+        return ("isolation: user namespaces (not root): network, PID, IPC namespaces and its "
+                "own /tmp, /dev/shm and home per sandbox and per rank; it runs as you and can "
+                "read what you can")
+    return ("isolation: none (not root, and this kernel lends no user namespace): the code "
+            "runs as you, beside your files")
+
+
 def is_root() -> bool:
     return os.geteuid() == 0 and shutil.which("unshare") is not None and \
         os.environ.get("COURSE_SANDBOX_NO_ROOT") != "1"
@@ -297,8 +326,8 @@ def zygote_for_this_process():
     folder = tempfile.mkdtemp(prefix="course-zygote-")  # 0700: the grader's alone
     path = os.path.join(folder, "zygote.sock")
     server = subprocess.Popen(
-        [real_python(), str(Path(__file__).with_name("sandbox_child.py")), "--zygote", path,
-         "--owner", str(os.getpid())], cwd="/", stdin=subprocess.DEVNULL,
+        [real_python(), str(Path(__file__).with_name("sandbox_child.py")), "--zygote", path],
+        cwd="/", stdin=subprocess.DEVNULL,
         env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "OMP_WAIT_POLICY": "PASSIVE"})
     os.environ["COURSE_SANDBOX_ZYGOTE"] = path
     try:
@@ -421,7 +450,12 @@ class Submission:
                    "--mount-proc", "--propagation", "private", "--", *cmd]
         else:  # what it starts and leaves behind is reparented to this process, then ended
             ctypes.CDLL(None).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-            self._proc = None
+            # Namespaces of its own inside a user namespace, where the kernel lends one.
+            self._proc = ZygoteChild.start(zygote_socket(), {
+                "uid": None, "own_user": True, "env": env, "release": str(release),
+                "lesson": self._lesson, "keep": [str(release), str(submission.parent)],
+                "fork_server": "--no-fork-server" not in cmd},
+                (requests_r, replies_w)) if user_namespaces() else None
         if self._proc is None:
             self._proc = subprocess.Popen(cmd, env=env, cwd=str(home),
                                           pass_fds=(requests_r, replies_w),

@@ -429,13 +429,16 @@ ZYGOTE_PRELOAD = ("torch.distributed", "torch.distributed.run", "torch.distribut
 PR_SET_PDEATHSIG = 1
 
 
-def zygote(sock_path: str, owner: int) -> None:
-    """A root server that has imported torch and nothing of any submission: each request
-    forks a sandbox from it (namespaces, hidden files, its own user), which saves every
-    sandbox the seconds of importing torch. Its socket is the grader's alone (mode 0600 in a
-    0700 folder). Ends when `owner` does."""
+def zygote(sock_path: str) -> None:
+    """A server (root, or the grader's own user) that has imported torch and nothing of any
+    submission: each request forks a sandbox from it (namespaces, hidden files, its own user),
+    which saves every sandbox the seconds of importing torch. Its socket is the grader's alone
+    (mode 0600 in a 0700 folder). Ends when the process that started it does (its parent
+    changes: read at once, not passed in, since a fork server's worker reports its stand-in's
+    pid as its own)."""
     import signal
 
+    owner = os.getppid()
     import numpy  # noqa: F401  preloaded for the sandboxes
     import torch  # noqa: F401
 
@@ -494,9 +497,10 @@ def start_sandbox(request: dict, fds: list[int]) -> None:
     rank = request.get("kind") == "rank"
     channels, (out, status) = fds[:-2], fds[-2:]
     isolated = request.get("uid") is not None
-    # Without root, a rank still gets namespaces of its own, inside a user namespace of its
-    # own (its user id unchanged): no rank reaches another but through the relay.
-    own_user = rank and not isolated
+    # Without root, a sandbox still gets namespaces of its own, inside a user namespace of its
+    # own (its user id unchanged): no rank reaches another but through the relay, and the
+    # submission's child has a network, /tmp, /dev/shm and home of its own.
+    own_user = not isolated and request.get("own_user", rank)
     try:
         os.setsid()
         libc = ctypes.CDLL(None, use_errno=True)
@@ -615,7 +619,6 @@ def run_rank(request: dict, relay_fd: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--zygote", default=None, help="serve sandboxes on this socket")
-    parser.add_argument("--owner", type=int, default=0, help="with --zygote: end with it")
     parser.add_argument("--requests", type=int)
     parser.add_argument("--replies", type=int)
     parser.add_argument("--lesson", type=int)
@@ -627,7 +630,7 @@ def main() -> None:
                         help="start the jobs' fork server only if a job comes")
     args = parser.parse_args()
     if args.zygote:
-        zygote(args.zygote, args.owner)
+        zygote(args.zygote)
         return
     if args.uid >= 0:
         isolate(args.root, args.readable, args.writable, args.uid)

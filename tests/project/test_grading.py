@@ -2,6 +2,7 @@
 
 import ast
 import json
+import os
 import re
 import shutil
 import uuid
@@ -183,14 +184,29 @@ def test_student_release_has_no_solutions_and_its_grader_runs(tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_without_root_the_sandbox_is_a_process_of_its_own_and_grades_the_same(tmp_path):
-    """On a laptop (no root), the submission still runs apart from the judge, in a scratch
-    tree under the same user (tests/grading/README.md says what that does not protect)."""
+    """On a laptop (no root), the submission still runs apart from the judge, under the same
+    user, with a network, /tmp, /dev/shm and home of its own where the kernel lends user
+    namespaces (tests/grading/README.md says what that does not protect); the grading says
+    in one line which isolation it used. What the submission writes in /tmp and /dev/shm
+    is gone with it."""
+    submission = tmp_path / "probe" / "lesson1"
+    submission.mkdir(parents=True)
+    marker = f"course-isolation-{os.getpid()}"
+    (submission / "exercises.py").write_text(
+        (ROOT / "solutions" / "lesson1" / "exercises.py").read_text()
+        + f"\nfor _place in ('/tmp', '/dev/shm'):\n"
+          f"    open(_place + '/{marker}', 'w').write('left by the submission')\n")
     result = run([PYTHON, "-m", "ddpcourse.course.grading", "grade", "--lesson", "1",
-                  "--impl", "solutions", "--out", str(tmp_path / "out")],
+                  "--submission", str(submission.parent), "--out", str(tmp_path / "out")],
                  env={"COURSE_SANDBOX_NO_ROOT": "1", "COURSE_SANDBOX_ZYGOTE": ""}, timeout=170)
     assert result.returncode == 0, result.stderr[-2000:]
     scores = json.loads((tmp_path / "out" / "results.json").read_text())["scores"]
     assert all(s["earned"] == s["possible"] > 0 for s in scores.values()), scores
+    said = [line for line in result.stdout.splitlines() if line.startswith("isolation: ")]
+    assert len(said) == 1, result.stdout[-2000:]
+    if said[0].startswith("isolation: user namespaces"):
+        left = [p for p in (f"/tmp/{marker}", f"/dev/shm/{marker}") if os.path.exists(p)]
+        assert not left, f"the submission's files outlived it: {left}" + result.stdout[-3000:]
 
 
 @pytest.mark.slow
