@@ -22,15 +22,48 @@ def ex():
     yield from graded(3)
 
 
+def brief(value, limit=120):
+    """repr(value), only its start when longer than `limit`: a failure message stays short."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def difference(got, want):
+    """Where the list `got` first departs from the list `want`, in words."""
+    try:
+        at = next(i for i, (g, w) in enumerate(zip(got, want, strict=False)) if g != w)
+        where = f"position {at} is {brief(got[at], 40)}, expected {brief(want[at], 40)}; "
+    except Exception:  # no position differs (a length does), or `got` is no list
+        where = ""
+    size = f"{len(got)} indices " if isinstance(got, list) else ""
+    return f"{where}got {size}{brief(got)}, expected {len(want)} {brief(want)}"
+
+
+def ranks_difference(mine, real):
+    """The first rank whose list differs from DistributedSampler's, and where."""
+    rank = next((r for r, (m, w) in enumerate(zip(mine, real, strict=True)) if m != w), 0)
+    return f"rank {rank}: {difference(mine[rank], real[rank])}"
+
+
+def gradients(grads):
+    """What each parameter's .grad was, in a few words (for a message)."""
+    return [f"{tuple(g.shape)} tensor" if isinstance(g, torch.Tensor) else brief(g, 20)
+            for g in grads] if isinstance(grads, list) else grads
+
+
 # --- l3_batch_and_lr -----------------------------------------------------------------------
 
 @pytest.mark.l3_batch_and_lr
 @pytest.mark.points(2)
 def test_per_process_batch(ex):
-    assert ex.per_process_batch(256, 1) == 256
-    assert ex.per_process_batch(256, 4) == 64
-    assert ex.per_process_batch(255, 3) == 85
-    assert ex.per_process_batch(7, 7) == 1
+    got = ex.per_process_batch(256, 1)
+    assert got == 256, f"per_process_batch(256, world_size=1) returned {got!r}, expected 256 (all)"
+    got = ex.per_process_batch(256, 4)
+    assert got == 64, f"per_process_batch(256, world_size=4) returned {got!r}, expected 256/4 = 64"
+    got = ex.per_process_batch(255, 3)
+    assert got == 85, f"per_process_batch(255, world_size=3) returned {got!r}, expected 255/3 = 85"
+    got = ex.per_process_batch(7, 7)
+    assert got == 1, f"per_process_batch(7, world_size=7) returned {got!r}, expected 7/7 = 1"
     for global_batch, world_size in [(256, 3), (100, 8), (2, 4), (0, 1), (8, 0), (-8, 2)]:
         with pytest.raises(ValueError):
             ex.per_process_batch(global_batch, world_size)
@@ -39,10 +72,17 @@ def test_per_process_batch(ex):
 @pytest.mark.l3_batch_and_lr
 @pytest.mark.points(1)
 def test_effective_batch(ex):
-    assert ex.effective_batch(64, 4) == 256
-    assert ex.effective_batch(32, 4, accumulation_steps=2) == 256
-    assert ex.effective_batch(16, 3, 4) == 192
-    assert ex.effective_batch(1, 1, 1) == 1
+    got = ex.effective_batch(64, 4)
+    assert got == 256, f"effective_batch(64, world_size=4) returned {got!r}, expected 64 x 4 = 256"
+    got = ex.effective_batch(32, 4, accumulation_steps=2)
+    assert got == 256, (f"effective_batch(32, world_size=4, accumulation_steps=2) returned "
+                        f"{got!r}, expected 32 x 4 x 2 = 256")
+    got = ex.effective_batch(16, 3, 4)
+    assert got == 192, (f"effective_batch(16, world_size=3, accumulation_steps=4) returned "
+                        f"{got!r}, expected 16 x 3 x 4 = 192")
+    got = ex.effective_batch(1, 1, 1)
+    assert got == 1, (f"effective_batch(1, world_size=1, accumulation_steps=1) returned {got!r}, "
+                      "expected 1")
     for args in [(0, 4, 1), (32, 0, 1), (32, 4, 0)]:
         with pytest.raises(ValueError):
             ex.effective_batch(*args)
@@ -51,12 +91,25 @@ def test_effective_batch(ex):
 @pytest.mark.l3_batch_and_lr
 @pytest.mark.points(1)
 def test_scaled_lr(ex):
-    assert ex.scaled_lr(0.1, 256, 256) == pytest.approx(0.1)
-    assert ex.scaled_lr(0.1, 256, 1024) == pytest.approx(0.4)
-    assert ex.scaled_lr(0.1, 256, 64) == pytest.approx(0.025)
-    assert ex.scaled_lr(3e-4, 512, 96) == pytest.approx(3e-4 * 96 / 512)
+    got = ex.scaled_lr(0.1, 256, 256)
+    assert got == pytest.approx(0.1), (f"scaled_lr(0.1, base_batch=256, batch=256) returned "
+                                       f"{got!r}, expected 0.1: the same batch, the same lr")
+    got = ex.scaled_lr(0.1, 256, 1024)
+    assert got == pytest.approx(0.4), (f"scaled_lr(0.1, base_batch=256, batch=1024) returned "
+                                       f"{got!r}, expected 0.1 x 1024 / 256 = 0.4")
+    got = ex.scaled_lr(0.1, 256, 64)
+    assert got == pytest.approx(0.025), (f"scaled_lr(0.1, base_batch=256, batch=64) returned "
+                                         f"{got!r}, expected 0.1 x 64 / 256 = 0.025")
+    got = ex.scaled_lr(3e-4, 512, 96)
+    assert got == pytest.approx(3e-4 * 96 / 512), (
+        f"scaled_lr(3e-4, base_batch=512, batch=96) returned {got!r}, expected 3e-4 x 96 / 512 "
+        f"= {3e-4 * 96 / 512:g}")
     # 8 processes x 64 samples x 2 accumulation steps: a global batch of 1024
-    assert ex.scaled_lr(0.1, 256, ex.effective_batch(64, 8, 2)) == pytest.approx(0.4)
+    batch = ex.effective_batch(64, 8, 2)
+    got = ex.scaled_lr(0.1, 256, batch)
+    assert got == pytest.approx(0.4), (
+        f"scaled_lr(0.1, base_batch=256, batch=effective_batch(64, 8, 2)) returned {got!r} "
+        f"(effective_batch gave {batch!r}), expected 0.4: 64 x 8 x 2 = 1024 samples a step")
     for args in [(0.1, 0, 256), (0.1, 256, 0), (0.0, 256, 256), (-0.1, 256, 256)]:
         with pytest.raises(ValueError):
             ex.scaled_lr(*args)
@@ -92,10 +145,15 @@ def all_ranks(ex, length, world_size, **kw):
 @pytest.mark.usefixtures("no_distributed_sampler")
 @pytest.mark.points(1)
 def test_sampler_in_order(ex):
-    assert ex.sampler_indices(5, 2, 1, shuffle=False) == [1, 3, 0]
+    got = ex.sampler_indices(5, 2, 1, shuffle=False)
+    assert got == [1, 3, 0], (f"sampler_indices(5, world_size=2, rank=1, shuffle=False) returned "
+                              f"{brief(got)}, expected [1, 3, 0]: positions 1, 3 of 0..4 and one "
+                              "repeated from the start as padding")
     for length, world_size in [(8, 4), (10, 3), (7, 2), (12, 5), (1, 1)]:
         mine, real = all_ranks(ex, length, world_size, shuffle=False)
-        assert mine == real, (length, world_size)
+        assert mine == real, (f"sampler_indices({length}, world_size={world_size}, rank, "
+                              f"shuffle=False) differs from DistributedSampler's share at "
+                              f"{ranks_difference(mine, real)}")
 
 
 @pytest.mark.l3_sampler_indices
@@ -105,11 +163,21 @@ def test_sampler_shuffles_by_seed_and_epoch(ex):
     for length, world_size, seed, epoch in [(20, 4, 0, 0), (20, 4, 0, 1), (20, 4, 7, 3),
                                             (1437, 4, 0, 5), (33, 3, 42, 2)]:
         mine, real = all_ranks(ex, length, world_size, seed=seed, epoch=epoch)
-        assert mine == real, (length, world_size, seed, epoch)
+        assert mine == real, (f"sampler_indices({length}, world_size={world_size}, rank, "
+                              f"seed={seed}, epoch={epoch}) differs from DistributedSampler's "
+                              f"share at {ranks_difference(mine, real)}")
     # the same (seed, epoch) on every rank: together the shares cover every index
     shares = [ex.sampler_indices(1437, 4, r, seed=3, epoch=2) for r in range(4)]
-    assert set(itertools.chain(*shares)) == set(range(1437))
-    assert [len(share) for share in shares] == [360] * 4  # 3 indices repeated as padding
+    covered = set(itertools.chain(*shares))
+    assert covered == set(range(1437)), (
+        f"sampler_indices(1437, world_size=4, rank, seed=3, epoch=2) for ranks 0..3 together "
+        f"cover {len(covered & set(range(1437)))} of the indices 0..1436, expected all of them "
+        f"(missed: {brief(sorted(set(range(1437)) - covered), 60)}, "
+        f"others: {brief(sorted(covered - set(range(1437)), key=str), 60)})")
+    sizes = [len(share) for share in shares]
+    assert sizes == [360] * 4, (  # 3 indices repeated as padding
+        f"sampler_indices(1437, world_size=4, rank, seed=3, epoch=2) gave ranks 0..3 {sizes} "
+        "indices, expected 360 each: 1437 padded to 1440, 3 indices repeated")
 
 
 @pytest.mark.l3_sampler_indices
@@ -121,11 +189,24 @@ def test_sampler_padding_and_drop_last_with_odd_world_sizes(ex):
     for length, world_size, shuffle, drop_last in combos:
         mine, real = all_ranks(ex, length, world_size, shuffle=shuffle, seed=1, epoch=1,
                                drop_last=drop_last)
-        assert mine == real, (length, world_size, shuffle, drop_last)
-        assert len({len(share) for share in mine}) == 1  # every rank the same count
+        assert mine == real, (f"sampler_indices({length}, world_size={world_size}, rank, "
+                              f"shuffle={shuffle}, seed=1, epoch=1, drop_last={drop_last}) "
+                              f"differs from DistributedSampler's share at "
+                              f"{ranks_difference(mine, real)}")
+        sizes = [len(share) for share in mine]
+        assert len(set(sizes)) == 1, (  # every rank the same count
+            f"sampler_indices({length}, world_size={world_size}, rank, shuffle={shuffle}, "
+            f"drop_last={drop_last}) gave the ranks {sizes} indices: every rank needs the same "
+            "number")
     # 2 samples over 5 ranks: the order is repeated to give everyone one
-    assert ex.sampler_indices(2, 5, 4, shuffle=False) == [0]
-    assert ex.sampler_indices(11, 3, 2, shuffle=False, drop_last=True) == [2, 5, 8]
+    got = ex.sampler_indices(2, 5, 4, shuffle=False)
+    assert got == [0], (f"sampler_indices(2, world_size=5, rank=4, shuffle=False) returned "
+                        f"{brief(got)}, expected [0]: the order 0, 1 is repeated as padding "
+                        "until every rank has one")
+    got = ex.sampler_indices(11, 3, 2, shuffle=False, drop_last=True)
+    assert got == [2, 5, 8], (f"sampler_indices(11, world_size=3, rank=2, shuffle=False, "
+                              f"drop_last=True) returned {brief(got)}, expected [2, 5, 8]: "
+                              "drop_last cuts 11 to 9, no padding")
 
 
 @pytest.mark.l3_sampler_indices
@@ -313,18 +394,28 @@ def test_average_gradients_matches_ddp_on_three_processes(ex):
         before, after = ex.probe("average_gradients_once", torch.randn(3, 12))
     assert len(after) == len(before) and all(
         isinstance(a, torch.Tensor) and a.shape == b.shape and torch.allclose(a, b)
-        for a, b in zip(after, before, strict=True))
+        for a, b in zip(after, before, strict=True)), (
+        f"average_gradients(model) in a world of one process did not leave the gradients of the "
+        f"model's {len(before)} parameters as they were (after it: {brief(gradients(after))}); "
+        "averaged over one rank, each gradient is its own mean")
     line = verdict(job(3), "average_gradients")
-    assert line == "average_gradients: ok on 3 ranks", line
+    assert line == "average_gradients: ok on 3 ranks", f"in a torchrun job of 3 processes, {line}"
 
 
 def train_ddp_once_in_process(ex):
     x, y = torch.randn(30, 12), torch.randint(0, 4, (30,))
     with ex.world_of_one():  # fail fast, before paying for a launch
         classes, start, trained = ex.probe("train_ddp_once", x, y)
-    assert class_names(torch.nn.Module)[0] in classes, "train_ddp must return the trained model"
+    assert class_names(torch.nn.Module)[0] in classes, (
+        f"train_ddp must return the trained model (an nn.Module); in a world of one process it "
+        f"returned a {brief(classes[0] if classes else None, 80)}")
     assert any(isinstance(p, torch.Tensor) and n in start and p.shape == start[n].shape
-               and not torch.equal(p, start[n]) for n, p in trained.items())
+               and not torch.equal(p, start[n]) for n, p in trained.items()), (
+        "train_ddp(model, 30 samples, global_batch=8, epochs=1, lr=0.1) in a world of one "
+        "process returned a model none of whose parameters changed from the start: it did not "
+        "train it" + ("" if sorted(trained) == sorted(start) else
+                      f" (its state holds {brief(sorted(trained), 80)}, the model's "
+                      f"{sorted(start)})"))
 
 
 @pytest.mark.l3_ddp_step
@@ -333,8 +424,11 @@ def train_ddp_once_in_process(ex):
 def test_train_ddp_reproduces_one_process(ex, world_size):
     train_ddp_once_in_process(ex)
     line = verdict(job(world_size), "train_ddp")
-    assert line.startswith(f"train_ddp: ok on {world_size} ranks"), line
-    assert math.isfinite(float(line.rsplit(" ", 1)[-1]))
+    assert line.startswith(f"train_ddp: ok on {world_size} ranks"), (
+        f"in a torchrun job of {world_size} processes, against one-process training: {line}")
+    assert math.isfinite(float(line.rsplit(" ", 1)[-1])), (
+        f"in a torchrun job of {world_size} processes, the largest difference from one-process "
+        f"training is not a finite number: {line}")
 
 
 @pytest.mark.l3_ddp_step
@@ -347,7 +441,8 @@ def test_train_ddp_each_rank_reads_only_its_share(ex, world_size):
     training) fails here."""
     train_ddp_once_in_process(ex)
     line = verdict(job(world_size), "train_ddp_data")
-    assert line == f"train_ddp_data: ok on {world_size} ranks", line
+    assert line == f"train_ddp_data: ok on {world_size} ranks", (
+        f"in a torchrun job of {world_size} processes, the samples each rank read: {line}")
 
 
 @pytest.mark.l3_ddp_step
@@ -358,4 +453,5 @@ def test_train_ddp_averages_gradients_every_step(ex, world_size):
     (DDP's hooks do it in backward), and not twice."""
     train_ddp_once_in_process(ex)
     line = verdict(job(world_size), "train_ddp_allreduce")
-    assert line.startswith(f"train_ddp_allreduce: ok on {world_size} ranks"), line
+    assert line.startswith(f"train_ddp_allreduce: ok on {world_size} ranks"), (
+        f"in a torchrun job of {world_size} processes, the gradients all-reduced: {line}")

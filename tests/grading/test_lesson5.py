@@ -33,14 +33,20 @@ def outcome(call):
         return f"raised {type(error).__name__}: {' '.join(str(error).split())[:150]}"
 
 
-def assert_all_right(cases, call):
-    """cases: {argument: wanted}; one failure message naming every argument answered wrong."""
-    wrong = [f"{arg!r} gave {got!r}, not {want!r}" for arg, want in cases.items()
-             if (got := outcome(lambda arg=arg: call(arg))) != want]
-    assert not wrong, "\n".join(wrong)
+def said(got):
+    """What a call gave, for a message: its value, or the error `outcome` wrote out."""
+    return got if isinstance(got, str) and got.startswith("raised ") else f"returned {got!r}"
 
 
-def assert_all_refused(error, cases, call):
+def assert_all_right(cases, call, shown_as=repr):
+    """cases: {argument: wanted}; one failure message naming every argument answered wrong.
+    shown_as(argument): the call with that argument, as the message names it."""
+    wrong = [f"{shown_as(arg)} {said(got)}, expected {want!r}"
+             for arg, want in cases.items() if (got := outcome(lambda arg=arg: call(arg))) != want]
+    assert not wrong, f"{len(wrong)} of {len(cases)} answered wrong:\n" + "\n".join(wrong)
+
+
+def assert_all_refused(error, cases, call, shown_as=repr):
     """Every argument in cases must make call raise `error`."""
     wrong = []
     for arg in cases:
@@ -50,8 +56,12 @@ def assert_all_refused(error, cases, call):
             continue
         except Exception as other:
             got = f"{type(other).__name__}: {other}"
-        wrong.append(f"{arg!r} gave {got!r}, not a {error.__name__}")
-    assert not wrong, "\n".join(wrong)
+        wrong.append(f"{shown_as(arg)} gave {got!r}, expected a {error.__name__}")
+    assert not wrong, f"{len(wrong)} of {len(cases)} not refused:\n" + "\n".join(wrong)
+
+
+def expanded(nodelist):
+    return f"expand_nodelist({nodelist!r})"
 
 
 # --- l5_expand_nodelist ------------------------------------------------------------------
@@ -118,42 +128,42 @@ SLURM_REFUSES = {"gpu[1-2]-ib", "gpu[9-10].ib,rack[2]-n[1-2]-ib"}
 @pytest.mark.points(3)
 def test_node_lists_as_jobs_get_them(ex):
     """Padding, several brackets, text after a bracket, order: one list each."""
-    assert_all_right(AS_JOBS_GET_THEM, ex.expand_nodelist)
+    assert_all_right(AS_JOBS_GET_THEM, ex.expand_nodelist, expanded)
 
 
 @pytest.mark.l5_expand_nodelist
 @pytest.mark.usefixtures("no_scontrol")
 @pytest.mark.points(1)
 def test_plain_names_and_white_space_around_items(ex):
-    assert_all_right(PLAIN_AND_WHITE_SPACE, ex.expand_nodelist)
+    assert_all_right(PLAIN_AND_WHITE_SPACE, ex.expand_nodelist, expanded)
 
 
 @pytest.mark.l5_expand_nodelist
 @pytest.mark.usefixtures("no_scontrol")
 @pytest.mark.points(1)
 def test_range_numbers_as_wide_as_the_first_bound(ex):
-    assert_all_right(WIDTHS, ex.expand_nodelist)
+    assert_all_right(WIDTHS, ex.expand_nodelist, expanded)
 
 
 @pytest.mark.l5_expand_nodelist
 @pytest.mark.usefixtures("no_scontrol")
 @pytest.mark.points(1)
 def test_several_brackets_and_text_around_them(ex):
-    assert_all_right(BRACKETS_AND_TEXT, ex.expand_nodelist)
+    assert_all_right(BRACKETS_AND_TEXT, ex.expand_nodelist, expanded)
 
 
 @pytest.mark.l5_expand_nodelist
 @pytest.mark.usefixtures("no_scontrol")
 @pytest.mark.points(1)
 def test_order_and_repeats_kept(ex):
-    assert_all_right(ORDER_AND_REPEATS, ex.expand_nodelist)
+    assert_all_right(ORDER_AND_REPEATS, ex.expand_nodelist, expanded)
 
 
 @pytest.mark.l5_expand_nodelist
 @pytest.mark.usefixtures("no_scontrol")
 @pytest.mark.points(1)
 def test_malformed_node_lists_are_refused(ex):
-    assert_all_refused(ValueError, MALFORMED, ex.expand_nodelist)
+    assert_all_refused(ValueError, MALFORMED, ex.expand_nodelist, expanded)
 
 
 # --- l5_slurm_identity -------------------------------------------------------------------
@@ -175,13 +185,15 @@ TASK_COUNTS_REFUSED = [
 def test_tasks_on_every_node(ex):
     cases = {(text, node): count for text, counts in TASK_COUNTS.items()
              for node, count in enumerate(counts)}
-    assert_all_right(cases, lambda case: ex.tasks_on_node(*case))
+    assert_all_right(cases, lambda case: ex.tasks_on_node(*case),
+                     lambda case: f"tasks_on_node{case!r}")
 
 
 @pytest.mark.l5_slurm_identity
 @pytest.mark.points(1)
 def test_tasks_on_node_refuses_nodes_and_text_it_cannot_read(ex):
-    assert_all_refused(ValueError, TASK_COUNTS_REFUSED, lambda case: ex.tasks_on_node(*case))
+    assert_all_refused(ValueError, TASK_COUNTS_REFUSED, lambda case: ex.tasks_on_node(*case),
+                       lambda case: f"tasks_on_node{case!r}")
 
 
 def srun_job(tasks_per_node, counts, nodelist, hosts, cyclic=False, **more):
@@ -218,7 +230,8 @@ SRUN_JOBS = {  # the node lists keep to easy shapes: the identity, not the expan
 @pytest.mark.l5_slurm_identity
 @pytest.mark.points(4)
 def test_identity_of_every_process_srun_started(ex):
-    wrong = [f"{job}, rank {want['rank']}: {got}, not {want}"
+    wrong = [f"identity_from_slurm(srun's variables of {job}, rank {want['rank']}) "
+             f"{said(got)}, expected {want}"
              for job, processes in SRUN_JOBS.items() for environ, want in processes
              if (got := outcome(lambda e=environ: ex.identity_from_slurm(dict(e)))) != want]
     assert not wrong, "\n".join(wrong[:6])
@@ -258,7 +271,8 @@ def test_devices_of_each_process(ex):
     layouts = [(4, 2), (8, 2), (8, 4), (6, 3), (6, 2), (6, 1), (8, 8), (3, 1), (1, 1)]
     cases = {(local_rank, gpus, k): list(range(local_rank * k, local_rank * k + k))
              for gpus, k in layouts for local_rank in range(gpus // k)}
-    assert_all_right(cases, lambda case: ex.process_devices(*case))
+    assert_all_right(cases, lambda case: ex.process_devices(*case),
+                     lambda case: f"process_devices{case!r}")
 
 
 @pytest.mark.l5_process_devices
@@ -266,10 +280,13 @@ def test_devices_of_each_process(ex):
 def test_impossible_layouts_are_refused(ex):
     assert_all_refused(ValueError, [(2, 4, 2), (-1, 4, 2), (4, 8, 2), (2, 8, 4), (0, 4, 3),
                                     (0, 6, 4), (0, 4, 0), (0, 4, -2), (0, 4, 8)],
-                       lambda case: ex.process_devices(*case))
+                       lambda case: ex.process_devices(*case),
+                       lambda case: f"process_devices{case!r}")
     # (GPUs per node, processes per node): the GPUs do not split evenly over the processes
     assert_all_refused(ValueError, [(6, 4), (4, 3), (2, 4), (8, 3)],
-                       lambda case: ex.my_devices(torchrun_environ(0, case[1], 0, 1), case[0]))
+                       lambda case: ex.my_devices(torchrun_environ(0, case[1], 0, 1), case[0]),
+                       lambda case: f"my_devices(torchrun's variables of local rank 0 of "
+                                    f"{case[1]} per node, gpus_per_node={case[0]})")
 
 
 @pytest.mark.l5_process_devices
@@ -279,7 +296,10 @@ def test_my_devices_from_torchruns_variables(ex):
     cases = {(1, 2, 1, 2, 8): [4, 5, 6, 7], (0, 2, 1, 2, 8): [0, 1, 2, 3],
              (2, 3, 0, 1, 6): [4, 5], (1, 3, 1, 2, 6): [2, 3], (0, 3, 1, 2, 3): [0],
              (0, 1, 0, 1, 4): [0, 1, 2, 3], (1, 2, 2, 3, 6): [3, 4, 5]}
-    assert_all_right(cases, lambda case: ex.my_devices(torchrun_environ(*case[:4]), case[4]))
+    assert_all_right(cases, lambda case: ex.my_devices(torchrun_environ(*case[:4]), case[4]),
+                     lambda case: f"my_devices(torchrun's variables of local rank {case[0]} of "
+                                  f"{case[1]} on node {case[2]} of {case[3]}, "
+                                  f"gpus_per_node={case[4]})")
 
 
 @pytest.mark.l5_process_devices
@@ -289,7 +309,8 @@ def test_devices_in_a_job_of_two_nodes(ex):
     GPUs 0-2 and 3-5, whatever their global rank."""
     ex.my_devices(torchrun_environ(1, 2, 1, 2), 6)  # fail fast, before a launch
     line = verdict(judged(JOBS[4], {"devices": ("devices", judge_devices)}), "devices")
-    assert line == "devices: ok on 4 ranks", line
+    assert line == "devices: ok on 4 ranks", (
+        f"my_devices(torchrun's variables, 6) in a job of 2 nodes x 2 processes: {line}")
 
 
 def judge_devices(seen, nodes=2, per_node=2, gpus_per_node=6):

@@ -7,6 +7,7 @@ import hashlib
 import os
 import shutil
 import tempfile
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -28,6 +29,34 @@ JOBS = {w: Job(f"lesson6_W{w}", "lesson6_resume.py", nproc=w, timeout=240, resta
 @pytest.fixture(scope="module")
 def ex():
     yield from graded(6)
+
+
+def brief(value, limit=120):
+    """repr(value), only its start when longer than `limit`: a failure message stays short."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def difference(got, want):
+    """Where the list `got` first departs from the list `want`, in words."""
+    try:
+        at = next(i for i, (g, w) in enumerate(zip(got, want, strict=False)) if g != w)
+        where = f"position {at} is {brief(got[at], 40)}, expected {brief(want[at], 40)}; "
+    except Exception:  # no position differs (a length does), or `got` is no list
+        where = ""
+    size = f"{len(got)} indices " if isinstance(got, list) else ""
+    return f"{where}got {size}{brief(got)}, expected {len(want)} {brief(want)}"
+
+
+def uncounted(got, want):
+    """Which indices `got` lacks and which it has too many of, against `want` (any order)."""
+    try:
+        missing, extra = Counter(want) - Counter(got), Counter(got) - Counter(want)
+        return (f"got {len(got)} indices, expected {len(want)}; missing "
+                f"{brief(sorted(missing.elements()), 60)}, too many "
+                f"{brief(sorted(extra.elements()), 60)}")
+    except Exception:  # not a list of indices: show it as it is
+        return f"got {brief(got)}"
 
 
 def sampler_indices(n, seed, epoch, rank, world):
@@ -52,8 +81,12 @@ def test_from_the_start_it_is_distributed_samplers_split(ex):
     for n, world in [(10, 1), (10, 3), (11, 4), (1438, 3), (7, 2), (3, 4)]:
         for epoch in (0, 1, 5):
             for rank in range(world):
-                assert ex.resume_indices(n, 3, epoch, 0, rank, world) == \
-                    sampler_indices(n, 3, epoch, rank, world), (n, world, epoch, rank)
+                got = ex.resume_indices(n, 3, epoch, 0, rank, world)
+                want = sampler_indices(n, 3, epoch, rank, world)
+                assert got == want, (
+                    f"resume_indices({n}, seed=3, epoch={epoch}, start=0, rank={rank}, "
+                    f"world_size={world}) is not DistributedSampler's share from the start: "
+                    f"{difference(got, want)}")
 
 
 @pytest.mark.l6_resume_position
@@ -66,8 +99,12 @@ def test_resumed_part_way_each_rank_gets_the_batches_it_would_have_had(ex):
             for rank in range(world):
                 full = sampler_indices(n, 0, epoch, rank, world)
                 for k in range(1, -(-n // batch)):
-                    assert ex.resume_indices(n, 0, epoch, k * batch, rank, world) == \
-                        full[k * per_rank:], (n, world, batch, epoch, rank, k)
+                    got = ex.resume_indices(n, 0, epoch, k * batch, rank, world)
+                    assert got == full[k * per_rank:], (
+                        f"resume_indices({n}, seed=0, epoch={epoch}, start={k * batch}, "
+                        f"rank={rank}, world_size={world}), {k} x {batch} samples into the "
+                        f"epoch, should be the rank's share without its first {k} x {per_rank}: "
+                        f"{difference(got, full[k * per_rank:])}")
 
 
 @pytest.mark.l6_resume_position
@@ -82,9 +119,17 @@ def test_at_another_world_size_the_rest_of_the_epoch_is_trained_once(ex):
         rest = [i for r in range(world) for i in ex.resume_indices(n, seed, epoch, start, r,
                                                                   world)]
         padding = -(-n // world) * world - n  # as DistributedSampler pads the epoch at W
-        assert sorted(rest) == sorted(order[start:] + order[:padding]), (start, world)
+        assert sorted(rest) == sorted(order[start:] + order[:padding]), (
+            f"resume_indices({n}, seed={seed}, epoch={epoch}, start={start}, rank, "
+            f"world_size={world}) over ranks 0..{world - 1} together should hold the {n - start} "
+            f"positions not yet trained and {padding} repeated as padding, each once: "
+            f"{uncounted(rest, order[start:] + order[:padding])}")
         mine = ex.resume_indices(n, seed, epoch, start, 1 % world, world)
-        assert mine[:3] == order[start + 1 % world::world][:3], (start, world)
+        want = order[start + 1 % world::world][:3]
+        assert mine[:3] == want, (
+            f"resume_indices({n}, seed={seed}, epoch={epoch}, start={start}, rank={1 % world}, "
+            f"world_size={world}) begins {brief(mine[:3])}, expected {want}: rank r goes on "
+            f"from position start + r of the epoch's order, every {world}th")
 
 
 @pytest.mark.l6_resume_position
@@ -98,8 +143,12 @@ def test_datasets_smaller_than_the_world_and_the_end_of_the_epoch(ex):
             order = padded_order(n, 5, epoch, world)
             for start in range(len(order) + 3):
                 for rank in range(world):
-                    assert ex.resume_indices(n, 5, epoch, start, rank, world) == \
-                        order[start:][rank::world], (n, world, epoch, start, rank)
+                    got = ex.resume_indices(n, 5, epoch, start, rank, world)
+                    want = order[start:][rank::world]
+                    assert got == want, (
+                        f"resume_indices({n}, seed=5, epoch={epoch}, start={start}, rank={rank}, "
+                        f"world_size={world}), the padded order {brief(order, 60)}: "
+                        f"{difference(got, want)}")
 
 
 @pytest.mark.l6_resume_position
@@ -110,7 +159,10 @@ def test_torchs_global_generator_is_left_alone(ex):
     seeded = torch.Generator().manual_seed(1234).get_state()  # as torch.manual_seed(1234) leaves it
     for n, world, epoch, rank in [(10, 3, 1, 2), (7, 2, 4, 0), (1, 1, 0, 0)]:
         mine, after = ex.probe("global_generator_after", 1234, n, 11, epoch, 0, rank, world)
-        assert mine == sampler_indices(n, 11, epoch, rank, world), (n, world, epoch, rank)
+        want = sampler_indices(n, 11, epoch, rank, world)
+        assert mine == want, (f"resume_indices({n}, seed=11, epoch={epoch}, start=0, rank={rank}, "
+                              f"world_size={world}) is not DistributedSampler's share: "
+                              f"{difference(mine, want)}")
         assert isinstance(after, torch.Tensor) and after.shape == seeded.shape and \
             torch.equal(after, seeded), \
             "resume_indices changed the state of torch's global random generator"
@@ -157,7 +209,9 @@ def reference_state(world):
             allow_the_launch(240)
             done = launch(str(worker), ["--work", work, "--reference-only"], nproc=world,
                           timeout=180, capture=True, echo=False, cwd=str(ROOT))
-            assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+            assert done.returncode == 0, (
+                f"the grader's own reference run (no submission in it) ended with exit status "
+                f"{done.returncode}:\n" + (done.stdout + done.stderr)[-3000:])
             cached.parent.mkdir(parents=True, exist_ok=True)
             partial = cached.with_suffix(f".{os.getpid()}.tmp")
             shutil.copyfile(Path(work) / "reference_final.pt", partial)
@@ -207,10 +261,21 @@ def test_saved_twice_the_newest_loads_and_the_one_before_is_kept(ex):
     newest. The state holds NumPy's generator state, as the course's snapshots do."""
     seen = ex.probe("saved_twice")
     path, first, second = seen["path"], seen["first"], seen["second"]
-    assert first["used"] == path and first["step"] == 12
-    assert torch.equal(first["weights"], torch.arange(6.0))
-    assert first["numpy_rng_kind"] == "MT19937" and first["python_rng"] == snapshot_python_rng()
-    assert seen["on_disk"] == 13 and seen["prev_on_disk"] == 12, seen
+    assert first["used"] == path and first["step"] == 12, (
+        f"save_snapshot(a state at step 12, path) into a folder not made yet, then "
+        f"load_snapshot(path): it loaded {first['used']!r} at step {first['step']!r}, expected "
+        f"{path!r} at step 12")
+    assert torch.equal(first["weights"], torch.arange(6.0)), (
+        f"saved then loaded, the state's weights are {brief(first['weights'])}, expected "
+        "tensor([0., 1., 2., 3., 4., 5.]), the weights saved")
+    assert first["numpy_rng_kind"] == "MT19937" and first["python_rng"] == snapshot_python_rng(), (
+        f"saved then loaded, the generator states are not the ones saved: NumPy's is of kind "
+        f"{brief(first['numpy_rng_kind'], 40)} (expected 'MT19937'), Python's "
+        f"{'is' if first['python_rng'] == snapshot_python_rng() else 'is not'} the one saved")
+    assert seen["on_disk"] == 13 and seen["prev_on_disk"] == 12, (
+        f"after saving step 12 and then step 13 at the same path, the file holds step "
+        f"{seen['on_disk']!r} and path + '.prev' step {seen['prev_on_disk']!r}, expected 13 and "
+        "12: the second save keeps the first as .prev")
     assert second["used"] == path and second["step"] == 13, \
         f"two whole snapshots: loaded {second['used']} (step {second['step']}), not the newest"
 
@@ -222,8 +287,13 @@ def test_a_crash_while_writing_leaves_the_old_snapshot_whole(ex):
     the complete previous snapshot, never the half-written one."""
     seen = ex.probe("crash_while_writing")
     assert seen["raised"] is not None, "save_snapshot swallowed the error of torch.save"
-    assert seen["on_disk"] == 1, seen
-    assert seen["loaded"]["used"] == seen["path"] and seen["loaded"]["step"] == 1
+    assert seen["on_disk"] == 1, (
+        f"torch.save died half-way through a save of step 2 over a snapshot of step 1; the file "
+        f"at the path then holds step {seen['on_disk']!r}, expected 1, the old snapshot whole: "
+        "write the new one to another file, then rename it into place")
+    assert seen["loaded"]["used"] == seen["path"] and seen["loaded"]["step"] == 1, (
+        f"after that crashed save, load_snapshot(path) loaded {seen['loaded']['used']!r} at step "
+        f"{seen['loaded']['step']!r}, expected {seen['path']!r} at step 1, the old snapshot")
 
 
 @pytest.mark.l6_atomic_snapshot
@@ -258,8 +328,13 @@ def test_the_new_snapshot_is_on_the_disk_before_it_is_renamed(ex):
 def test_a_damaged_snapshot_falls_back_to_the_one_before(ex):
     seen = ex.probe("damaged")
     for damage in ("truncated", "garbage"):
-        assert seen[damage]["used"] == seen["path"] + ".prev", (damage, seen[damage])
-        assert seen[damage]["step"] == 1, (damage, seen[damage])
+        assert seen[damage]["used"] == seen["path"] + ".prev", (
+            f"load_snapshot(path) with a {damage} file at path and a whole one at path + '.prev' "
+            f"used {seen[damage]['used']!r}, expected {seen['path'] + '.prev'!r}: fall back to "
+            "the snapshot before")
+        assert seen[damage]["step"] == 1, (
+            f"load_snapshot(path) with a {damage} file at path loaded step "
+            f"{seen[damage]['step']!r}, expected step 1, the snapshot at path + '.prev'")
 
 
 @pytest.mark.l6_atomic_snapshot
@@ -268,7 +343,9 @@ def test_no_usable_snapshot_is_one_clear_error_naming_the_file(ex):
     with pytest.raises(ex.SnapshotError) as raised:
         ex.probe("no_usable_snapshot", False)
     message = str(raised.value)
-    assert "<path:snap.pt>" in message and "\n" not in message.strip(), message
+    assert "<path:snap.pt>" in message and "\n" not in message.strip(), (
+        f"load_snapshot of a file of zeros with no .prev raised SnapshotError({message!r}), "
+        "expected one line that names the file's path")
     with pytest.raises(ex.SnapshotError, match="snap"):
         ex.probe("no_usable_snapshot", True)
 
@@ -278,4 +355,6 @@ def test_no_usable_snapshot_is_one_clear_error_naming_the_file(ex):
 def test_load_uses_map_location(ex):
     locations, weights = ex.probe("map_location_used")
     assert len(locations) > 0, "load_snapshot did not pass map_location to torch.load"
-    assert torch.equal(weights, torch.arange(6.0))
+    assert torch.equal(weights, torch.arange(6.0)), (
+        f"load_snapshot(path, map_location=<a function>) returned the weights "
+        f"{brief(weights)}, expected tensor([0., 1., 2., 3., 4., 5.]), the weights saved")

@@ -20,6 +20,23 @@ def ex():
     yield from graded(9)
 
 
+def brief(value, limit=120):
+    """repr(value), only its start when longer than `limit`: a failure message stays short."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def difference(got, want, items="batches", item="batch"):
+    """Where the list `got` first departs from the list `want`, in words."""
+    try:
+        at = next(i for i, (g, w) in enumerate(zip(got, want, strict=False)) if g != w)
+        where = f"{item} {at} is {brief(got[at], 40)}, expected {brief(want[at], 40)}; "
+    except Exception:  # no item differs (a length does), or `got` is no list
+        where = ""
+    size = f"{len(got)} {items} " if isinstance(got, list) else ""
+    return f"{where}got {size}{brief(got)}, expected {len(want)} {brief(want)}"
+
+
 # --- l9_launcher_identity ------------------------------------------------------------------
 
 def who(rank, local, node, world):
@@ -38,44 +55,75 @@ SRUN = {"SLURM_PROCID": "4", "SLURM_LOCALID": "1", "SLURM_NTASKS": "6", "SLURM_N
         "SLURM_JOB_ID": "77"}
 
 
+def launched(environ, *args, **kwargs):
+    """identity_from_launcher's call as a message shows it."""
+    shown = ", ".join(f"{k}={v}" for k, v in environ.items())
+    more = "".join(f", {a!r}" for a in args) + "".join(f", {k}={v!r}" for k, v in kwargs.items())
+    return f"identity_from_launcher({{{shown}}}{more})"
+
+
+def wrong_identity(case, got, want, environ, *args, **kwargs):
+    """The message of an identity answered wrong: the case, the call, what came back."""
+    return f"{case}: {launched(environ, *args, **kwargs)} returned {got}, expected {want}"
+
+
 @pytest.mark.l9_launcher_identity
 @pytest.mark.points(1)
 def test_identity_under_torchrun_and_accelerate_launch(ex):
-    assert ex.identity_from_launcher(TORCHRUN) == who(5, 1, 1, 8)
+    got, want = ex.identity_from_launcher(TORCHRUN), who(5, 1, 1, 8)
+    assert got == want, wrong_identity("torchrun, 2 nodes of 4", got, want, TORCHRUN)
     one_node = {"RANK": "2", "LOCAL_RANK": "2", "WORLD_SIZE": "3", "LOCAL_WORLD_SIZE": "3",
                 "GROUP_RANK": "0"}
-    assert ex.identity_from_launcher(one_node) == who(2, 2, 0, 3)
+    got, want = ex.identity_from_launcher(one_node), who(2, 2, 0, 3)
+    assert got == want, wrong_identity("torchrun, one node", got, want, one_node)
     no_group_rank = {k: v for k, v in TORCHRUN.items() if k != "GROUP_RANK"}
-    assert ex.identity_from_launcher(no_group_rank) == who(5, 1, 1, 8)
+    got, want = ex.identity_from_launcher(no_group_rank), who(5, 1, 1, 8)
+    assert got == want, wrong_identity("torchrun without GROUP_RANK (node = RANK // "
+                                       "LOCAL_WORLD_SIZE)", got, want, no_group_rank)
 
 
 @pytest.mark.l9_launcher_identity
 @pytest.mark.points(2)
 def test_identity_of_lightning_s_children_without_rank(ex):
     # The Trainer started by python: 3 devices per node, node 2, local rank 1: rank 7 of 9.
-    assert ex.identity_from_launcher(LIGHTNING, devices_per_node=3) == who(7, 1, 2, 9)
+    child = "Lightning's child, no RANK (rank = NODE_RANK x devices_per_node + LOCAL_RANK)"
+    got, want = ex.identity_from_launcher(LIGHTNING, devices_per_node=3), who(7, 1, 2, 9)
+    assert got == want, wrong_identity(child, got, want, LIGHTNING, devices_per_node=3)
     on_node_0 = {**MASTER, "LOCAL_RANK": "1", "WORLD_SIZE": "2"}
-    assert ex.identity_from_launcher(on_node_0, devices_per_node=2) == who(1, 1, 0, 2)
+    got, want = ex.identity_from_launcher(on_node_0, devices_per_node=2), who(1, 1, 0, 2)
+    assert got == want, wrong_identity(f"{child}, no NODE_RANK (node 0)", got, want, on_node_0,
+                                       devices_per_node=2)
     two_nodes = {**MASTER, "LOCAL_RANK": "0", "NODE_RANK": "1", "WORLD_SIZE": "4"}
-    assert ex.identity_from_launcher(two_nodes, devices_per_node=2) == who(2, 0, 1, 4)
+    got, want = ex.identity_from_launcher(two_nodes, devices_per_node=2), who(2, 0, 1, 4)
+    assert got == want, wrong_identity(child, got, want, two_nodes, devices_per_node=2)
     # Nodes unequal to devices per node: 2 nodes of 3, 4 nodes of 2.
     two_of_three = {**MASTER, "LOCAL_RANK": "2", "NODE_RANK": "1", "WORLD_SIZE": "6"}
-    assert ex.identity_from_launcher(two_of_three, devices_per_node=3) == who(5, 2, 1, 6)
+    got, want = ex.identity_from_launcher(two_of_three, devices_per_node=3), who(5, 2, 1, 6)
+    assert got == want, wrong_identity(f"{child}, 2 nodes of 3", got, want, two_of_three,
+                                       devices_per_node=3)
     four_of_two = {**MASTER, "LOCAL_RANK": "1", "NODE_RANK": "3", "WORLD_SIZE": "8"}
-    assert ex.identity_from_launcher(four_of_two, devices_per_node=2) == who(7, 1, 3, 8)
+    got, want = ex.identity_from_launcher(four_of_two, devices_per_node=2), who(7, 1, 3, 8)
+    assert got == want, wrong_identity(f"{child}, 4 nodes of 2", got, want, four_of_two,
+                                       devices_per_node=2)
     one_line_value_error(ex.identity_from_launcher, LIGHTNING)  # the devices are needed
 
 
 @pytest.mark.l9_launcher_identity
 @pytest.mark.points(1)
 def test_identity_under_deepspeed_with_its_local_rank_argument(ex):
-    assert ex.identity_from_launcher(DEEPSPEED, ["--local_rank=1", "--zero-stage", "2"]) == \
-        who(3, 1, 1, 4)
-    assert ex.identity_from_launcher(DEEPSPEED, ["--epochs", "1", "--local_rank", "1"]) == \
-        who(3, 1, 1, 4)
+    argv = ["--local_rank=1", "--zero-stage", "2"]
+    got, want = ex.identity_from_launcher(DEEPSPEED, argv), who(3, 1, 1, 4)
+    assert got == want, wrong_identity("deepspeed, --local_rank=1 among the arguments", got, want,
+                                       DEEPSPEED, argv)
+    argv = ["--epochs", "1", "--local_rank", "1"]
+    got, want = ex.identity_from_launcher(DEEPSPEED, argv), who(3, 1, 1, 4)
+    assert got == want, wrong_identity("deepspeed, --local_rank 1 among the arguments", got, want,
+                                       DEEPSPEED, argv)
     three_nodes_of_two = {**DEEPSPEED, "RANK": "5", "WORLD_SIZE": "6", "CROSS_RANK": "2",
                           "CROSS_SIZE": "3"}
-    assert ex.identity_from_launcher(three_nodes_of_two, ["--local_rank=1"]) == who(5, 1, 2, 6)
+    got, want = ex.identity_from_launcher(three_nodes_of_two, ["--local_rank=1"]), who(5, 1, 2, 6)
+    assert got == want, wrong_identity("deepspeed, 3 nodes of 2 (node = CROSS_RANK)", got, want,
+                                       three_nodes_of_two, ["--local_rank=1"])
     one_line_value_error(ex.identity_from_launcher, DEEPSPEED, ["--local_rank=0"])
     one_line_value_error(ex.identity_from_launcher, DEEPSPEED, ["--local_rank", "2"])
 
@@ -83,8 +131,11 @@ def test_identity_under_deepspeed_with_its_local_rank_argument(ex):
 @pytest.mark.l9_launcher_identity
 @pytest.mark.points(1)
 def test_identity_under_mpirun_and_srun(ex):
-    assert ex.identity_from_launcher(OPEN_MPI) == who(7, 3, 1, 12)
-    assert ex.identity_from_launcher(SRUN) == who(4, 1, 2, 6)
+    got, want = ex.identity_from_launcher(OPEN_MPI), who(7, 3, 1, 12)
+    assert got == want, wrong_identity("mpirun (Open MPI), node = rank // local size", got, want,
+                                       OPEN_MPI)
+    got, want = ex.identity_from_launcher(SRUN), who(4, 1, 2, 6)
+    assert got == want, wrong_identity("srun", got, want, SRUN)
 
 
 @pytest.mark.l9_launcher_identity
@@ -93,24 +144,36 @@ def test_identity_of_nested_launchers_is_the_innermost(ex):
     # torchrun started by srun, one task per node: SLURM_PROCID is the node's task, not the rank
     under_srun = {**TORCHRUN, "SLURM_PROCID": "1", "SLURM_LOCALID": "0", "SLURM_NTASKS": "2",
                   "SLURM_NODEID": "1"}
-    assert ex.identity_from_launcher(under_srun) == who(5, 1, 1, 8)
+    got, want = ex.identity_from_launcher(under_srun), who(5, 1, 1, 8)
+    assert got == want, wrong_identity("torchrun started by srun: torchrun's variables win",
+                                       got, want, under_srun)
     # the Trainer started by python in an interactive SLURM shell (srun --pty bash), where
     # Lightning's own launcher runs
     lightning_in_slurm = {**LIGHTNING, "SLURM_PROCID": "0", "SLURM_LOCALID": "0",
                           "SLURM_NTASKS": "1", "SLURM_NODEID": "0"}
-    assert ex.identity_from_launcher(lightning_in_slurm, devices_per_node=3) == who(7, 1, 2, 9)
+    got = ex.identity_from_launcher(lightning_in_slurm, devices_per_node=3)
+    want = who(7, 1, 2, 9)
+    assert got == want, wrong_identity("Lightning's child in a SLURM shell: Lightning's "
+                                       "variables win", got, want, lightning_in_slurm,
+                                       devices_per_node=3)
     # mpirun inside an allocation
-    assert ex.identity_from_launcher({**SRUN, **OPEN_MPI}) == who(7, 3, 1, 12)
+    got, want = ex.identity_from_launcher({**SRUN, **OPEN_MPI}), who(7, 3, 1, 12)
+    assert got == want, wrong_identity("mpirun inside a SLURM allocation: mpirun's variables "
+                                       "win", got, want, {**SRUN, **OPEN_MPI})
     # torchrun started by mpirun, one per node: the workers inherit mpirun's variables too
     under_mpirun = {**TORCHRUN, "OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_LOCAL_RANK": "0",
                     "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_SIZE": "1"}
-    assert ex.identity_from_launcher(under_mpirun) == who(5, 1, 1, 8)
+    got, want = ex.identity_from_launcher(under_mpirun), who(5, 1, 1, 8)
+    assert got == want, wrong_identity("torchrun started by mpirun: torchrun's variables win",
+                                       got, want, under_mpirun)
 
 
 @pytest.mark.l9_launcher_identity
 @pytest.mark.points(2)
 def test_identity_refuses_an_impossible_set(ex):
-    assert ex.identity_from_launcher(TORCHRUN) == who(5, 1, 1, 8)  # not a refusal of all
+    got, want = ex.identity_from_launcher(TORCHRUN), who(5, 1, 1, 8)  # not a refusal of all
+    assert got == want, wrong_identity("torchrun, a possible set (not every set is refused)",
+                                       got, want, TORCHRUN)
     impossible = [
         ({**TORCHRUN, "RANK": "8"}, (), None),                     # rank outside the world
         ({**TORCHRUN, "RANK": "6"}, (), None),                     # not node x 4 + local
@@ -146,6 +209,39 @@ def sampler_batches(length, batch_size, rank, world, shuffle, seed, epoch, drop_
     return [b for b in batches if len(b) == batch_size] if drop_last else batches
 
 
+def loader(loader_spec):
+    """A loader spec in words, for a message."""
+    s = loader_spec
+    words = [f"{'a shuffling' if s['shuffle'] else 'an ordered'} loader of {s['length']} samples, "
+             f"batch_size={s['batch_size']}, drop_last={s['drop_last']}"]
+    if s.get("sharded"):
+        words.append(f"already sharded for rank {s['sharded'][0]} of {s['sharded'][1]}")
+    if s.get("sampler"):
+        words.append(f"a {s['sampler']} sampler")
+    if s.get("batch_sampler"):
+        words.append("a batch_sampler")
+    if s.get("collate"):
+        words.append(f"a collate_fn making {s['collate']} (i, -i)")
+    if s.get("num_workers"):
+        words.append(f"num_workers={s['num_workers']}")
+    return ", ".join(words)
+
+
+def read_difference(read, want, ranks=None):
+    """The first rank and epoch whose batches differ from DistributedSampler's, and where.
+    ranks: the ranks that read[0], read[1], ... are (0, 1, ... if not given)."""
+    try:
+        for rank, mine, theirs in zip(ranks or range(len(read)), read, want, strict=True):
+            for epoch, (got, expected) in enumerate(zip(mine, theirs, strict=False)):
+                if got != expected:
+                    return f"rank {rank}, epoch {epoch}: {difference(got, expected)}"
+            if mine != theirs:
+                return f"rank {rank} read {len(mine)} epochs, expected {len(theirs)}"
+    except Exception:  # not lists of epochs of batches: show them as they are
+        pass
+    return f"read {brief(read)}, expected {brief(want)}"
+
+
 def read_every_rank(ex, loader_spec, world, seed=0, epochs=2):
     return [ex.probe("sharded_epochs", loader_spec, rank, world, seed=seed, epochs=epochs)
             for rank in range(world)]
@@ -166,12 +262,22 @@ def test_shard_a_shuffling_loader_as_distributed_sampler_would(ex):
         loader_spec = spec(length, batch, shuffle=True, drop_last=drop_last)
         read = read_every_rank(ex, loader_spec, world, seed=seed)
         assert all(class_names(DataLoader)[0] in r["loader_classes"] and r["set_epoch"]
-                   for r in read), (length, world)
-        assert [r["read"] for r in read] == expected_every_rank(loader_spec, world, seed), \
-            (length, batch, world, seed)
+                   for r in read), (
+            f"shard_loader({loader(loader_spec)}, rank, world_size={world}, seed={seed}) must "
+            "return a DataLoader whose sampler has set_epoch; (class, set_epoch) per rank: "
+            f"{brief([(r['loader_classes'][:1], r['set_epoch']) for r in read], 200)}")
+        got = [r["read"] for r in read]
+        want = expected_every_rank(loader_spec, world, seed)
+        assert got == want, (
+            f"shard_loader({loader(loader_spec)}, rank, world_size={world}, seed={seed}), read "
+            f"with set_epoch(epoch), is not DistributedSampler's share at "
+            f"{read_difference(got, want)}")
     # set_epoch reaches the order: each epoch its own
     epochs = read[0]["read"]
-    assert epochs[0] != epochs[1]
+    assert epochs[0] != epochs[1], (
+        f"shard_loader({loader(loader_spec)}, rank=0, world_size={world}, seed={seed}) read "
+        f"the same batches in epochs 0 and 1 ({brief(epochs[0], 80)}): set_epoch(epoch) must "
+        "reach the order")
 
 
 @pytest.mark.l9_shard_loader
@@ -181,8 +287,10 @@ def test_shard_an_ordered_loader_in_order(ex):
                                             (11, 3, 2, True)]:  # 6 each after padding: 2 batches
         loader_spec = spec(length, batch, shuffle=False, drop_last=drop_last)
         read = read_every_rank(ex, loader_spec, world)
-        assert [r["read"] for r in read] == expected_every_rank(loader_spec, world), \
-            (length, batch, world, drop_last)
+        got, want = [r["read"] for r in read], expected_every_rank(loader_spec, world)
+        assert got == want, (
+            f"shard_loader({loader(loader_spec)}, rank, world_size={world}) is not "
+            f"DistributedSampler's share (shuffle=False) at {read_difference(got, want)}")
 
 
 @pytest.mark.l9_shard_loader
@@ -192,9 +300,14 @@ def test_shard_keeps_the_batch_collate_and_workers(ex):
     read = read_every_rank(ex, loader_spec, 2, seed=3, epochs=1)
     for rank, r in enumerate(read):
         want = sampler_batches(21, 5, rank, 2, True, 3, 0, drop_last=True)
-        assert r["read"] == [[[[i, -i] for i in batch] for batch in want]], rank
+        assert r["read"] == [[[[i, -i] for i in batch] for batch in want]], (
+            f"shard_loader({loader(loader_spec)}, rank={rank}, world_size=2, seed=3) must keep "
+            f"the batch size, collate_fn and drop_last: "
+            f"{read_difference([r['read']], [[[[[i, -i] for i in b] for b in want]]], [rank])}")
     kept = ex.probe("sharded_epochs", spec(12, 4, shuffle=False, num_workers=2), 0, 2, epochs=0)
-    assert kept["num_workers"] == 2
+    assert kept["num_workers"] == 2, (
+        f"shard_loader({loader(spec(12, 4, shuffle=False, num_workers=2))}, rank=0, "
+        f"world_size=2) returned a loader of num_workers={kept['num_workers']!r}, expected 2")
 
 
 @pytest.mark.l9_shard_loader
@@ -204,26 +317,37 @@ def test_an_already_sharded_loader_is_not_sharded_again(ex):
         for rank in range(world):
             loader_spec = spec(length, 2, shuffle=shuffle, sharded=(rank, world), seed=4)
             read = ex.probe("sharded_epochs", loader_spec, rank, world, seed=4)
-            assert read["read"] == [sampler_batches(length, 2, rank, world, shuffle, 4, e)
-                                    for e in range(2)], (length, world, rank)
+            want = [sampler_batches(length, 2, rank, world, shuffle, 4, e) for e in range(2)]
+            assert read["read"] == want, (
+                f"shard_loader({loader(loader_spec)}, rank={rank}, world_size={world}, seed=4) "
+                f"must keep the loader's own share, not shard it again: "
+                f"{read_difference([read['read']], [want], [rank])}")
 
 
 @pytest.mark.l9_shard_loader
 @pytest.mark.points(1)
 def test_shard_for_one_rank_and_for_more_ranks_than_samples(ex):
     alone = spec(6, 4, shuffle=True)
-    assert [r["read"] for r in read_every_rank(ex, alone, 1, seed=2)] == \
-        expected_every_rank(alone, 1, seed=2)  # DistributedSampler's order, not the loader's
+    got = [r["read"] for r in read_every_rank(ex, alone, 1, seed=2)]
+    want = expected_every_rank(alone, 1, seed=2)  # DistributedSampler's order, not the loader's
+    assert got == want, (
+        f"shard_loader({loader(alone)}, rank=0, world_size=1, seed=2) is not DistributedSampler's "
+        f"one share (its order, not the loader's) at {read_difference(got, want)}")
     crowded = spec(2, 1, shuffle=False)
-    assert [r["read"] for r in read_every_rank(ex, crowded, 5)] == \
-        expected_every_rank(crowded, 5)
+    got = [r["read"] for r in read_every_rank(ex, crowded, 5)]
+    want = expected_every_rank(crowded, 5)
+    assert got == want, (
+        f"shard_loader({loader(crowded)}, rank, world_size=5): 5 ranks, 2 samples, padded to "
+        f"one each; not DistributedSampler's share at {read_difference(got, want)}")
 
 
 @pytest.mark.l9_shard_loader
 @pytest.mark.points(2)
 def test_shard_refuses_what_it_cannot_split(ex):
     right = spec(10, 2, True)  # not a refusal of all
-    assert [r["read"] for r in read_every_rank(ex, right, 2)] == expected_every_rank(right, 2)
+    got, want = [r["read"] for r in read_every_rank(ex, right, 2)], expected_every_rank(right, 2)
+    assert got == want, (f"shard_loader({loader(right)}, rank, world_size=2), one it can split, "
+                         f"is not DistributedSampler's share at {read_difference(got, want)}")
     refused = [(spec(10, 2, True, sharded=(1, 2)), 0, 2),    # sharded for another rank
                (spec(10, 2, True, sharded=(0, 2)), 0, 3),    # for another world size
                (spec(10, 2, True, sampler="weighted"), 0, 2),
@@ -232,8 +356,12 @@ def test_shard_refuses_what_it_cannot_split(ex):
     for loader_spec, rank, world in refused:
         with pytest.raises(ValueError) as error:
             ex.probe("sharded_epochs", loader_spec, rank, world, epochs=1)
-        assert "\n" not in str(error.value).strip(), (loader_spec, rank, world)
-    assert lesson9_loader(spec(10, 2, True, sampler="weighted")).batch_size == 2  # a loader
+        assert "\n" not in str(error.value).strip(), (
+            f"shard_loader({loader(loader_spec)}, rank={rank}, world_size={world}) raised a "
+            f"ValueError of several lines, expected one: {brief(str(error.value), 300)}")
+    weighted = lesson9_loader(spec(10, 2, True, sampler="weighted"))  # a loader
+    assert weighted.batch_size == 2, (
+        f"the grader's weighted loader has batch_size {weighted.batch_size}, expected 2")
 
 
 # --- l9_exact_validation -------------------------------------------------------------------
@@ -307,7 +435,8 @@ def job(world_size):
 
 def assert_ok(world_size, name):
     line = verdict(job(world_size), name)
-    assert line == f"{name}: ok on {world_size} ranks", line
+    assert line == f"{name}: ok on {world_size} ranks", (
+        f"exact_accuracy in a torchrun job of {world_size} processes: {line}")
 
 
 @pytest.mark.l9_exact_validation
@@ -317,8 +446,12 @@ def test_exact_accuracy_in_a_world_of_one(ex):
     with ex.world_of_one():
         for case in ("uneven", "padded"):
             value, raised = ex.probe("exact_accuracy_alone", case)
-            assert raised is None, raised
-            assert type(value) is float and abs(value - exact(case, 1)) <= 1e-6, (case, value)
+            assert raised is None, (f"exact_accuracy on the {case!r} shares in a world of one "
+                                    f"process raised {raised}")
+            assert type(value) is float and abs(value - exact(case, 1)) <= 1e-6, (
+                f"exact_accuracy on the {case!r} shares in a world of one process returned "
+                f"{brief(value, 80)} ({type(value).__name__}), expected the float "
+                f"{exact(case, 1):.6f}")
 
 
 @pytest.mark.l9_exact_validation
