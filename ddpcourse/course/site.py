@@ -122,6 +122,7 @@ def site_nav() -> list:
     instructor's doc."""
     return [{"Home": "README.md"}, *(lesson_nav(lesson) for lesson in all_lessons()),
             {"Glossary": "lessons/glossary.md"},
+            {"Error messages": "lessons/errors.md"},
             {"Appendix": "lessons/appendix.md"},
             {"Instructors: the grader": "tests/grading/README.md"},
             {"Contributing": "CONTRIBUTING.md"}]
