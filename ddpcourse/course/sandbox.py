@@ -118,6 +118,14 @@ def real_python() -> str:
     return os.environ.get("COURSE_REAL_PYTHON") or sys.executable
 
 
+def kept_in_view(scratch: Path) -> list[str]:
+    """What a sandbox without root must still read when /tmp and /dev/shm become its own:
+    the interpreter and the course's copy and the submission (any may lie under /tmp, as a
+    checkout made with mktemp does)."""
+    return list(dict.fromkeys([os.path.realpath(p) for p in (sys.base_prefix, sys.prefix)]
+                              + [str(scratch / "release"), str(scratch / "submission")]))
+
+
 _user_namespaces: list[bool] = []
 
 
@@ -453,7 +461,7 @@ class Submission:
             # Namespaces of its own inside a user namespace, where the kernel lends one.
             self._proc = ZygoteChild.start(zygote_socket(), {
                 "uid": None, "own_user": True, "env": env, "release": str(release),
-                "lesson": self._lesson, "keep": [str(release), str(submission.parent)],
+                "lesson": self._lesson, "keep": kept_in_view(scratch),
                 "fork_server": "--no-fork-server" not in cmd},
                 (requests_r, replies_w)) if user_namespaces() else None
         if self._proc is None:
@@ -654,14 +662,19 @@ class Submission:
         return self._request({"op": "probe", "name": name, "args": to_judge(args),
                               "kwargs": to_judge(kwargs),
                               "refuse": [*self._options.get("refuse", []), *refuse],
-                              "env": {**self._options.get("env", {}), **(env or {})}})
+                              "env": {**self._options.get("env", {}), **(env or {})},
+                              "replace": self._options.get("replace", {})})
 
     @contextmanager
-    def options(self, refuse=(), env=None):
-        """Calls made inside refuse these functions and see these environment variables."""
+    def options(self, refuse=(), env=None, replace=None):
+        """Calls made inside refuse these functions and see these environment variables; and
+        replace {name: probe}: the submission's own function `name` is, for each of them,
+        tests/grading/probes.py's `probe` (the same arguments), so that an exercise that
+        builds on another is graded with the grader's version of that one."""
         saved = self._options
         self._options = {"refuse": [*saved.get("refuse", []), *refuse],
-                         "env": {**saved.get("env", {}), **(env or {})}}
+                         "env": {**saved.get("env", {}), **(env or {})},
+                         "replace": {**saved.get("replace", {}), **(replace or {})}}
         try:
             yield self
         finally:
@@ -717,8 +730,7 @@ class Submission:
                            TORCHELASTIC_RESTART_COUNT="0")
                 request = {"kind": "rank", "uid": self._uid, "env": env, "worker": workers,
                            "args": list(args), "release": str(self._scratch / "release"),
-                           "keep": [str(self._scratch / "release"),
-                                    str(self._scratch / "submission")],
+                           "keep": kept_in_view(self._scratch),
                            **(self._view if self._uid is not None else {})}
                 started = None
                 for _ in range(2):  # the grader's own failure, before any code ran

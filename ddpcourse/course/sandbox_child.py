@@ -233,26 +233,39 @@ def describe_error(error: BaseException) -> dict:
 
 # --- what a request does -----------------------------------------------------------------------
 
+def swap(stack: ExitStack, owner, name: str, new, module) -> None:
+    """owner.name is `new` until `stack` closes, and so is every name the submission's module
+    holds the same object under."""
+    original = getattr(owner, name)
+    setattr(owner, name, new)
+    stack.callback(setattr, owner, name, original)
+    for held_as, value in list(vars(module).items()) if module else []:
+        if value is original:
+            setattr(module, held_as, new)
+            stack.callback(setattr, module, held_as, original)
+
+
 @contextmanager
-def refusing(targets: list[tuple[str, str, str]], module):
+def refusing(targets: list[tuple[str, str, str]], module, replace: dict | None = None):
     """Each (module, attribute path, message): that attribute raises AssertionError(message)
-    while the submission runs, and so does the submission's own name for it."""
+    while the submission runs, and so does the submission's own name for it. Each
+    {name: probe} of `replace`: the submission's own function `name` is, meanwhile,
+    tests/grading/probes.py's function `probe`, which takes the same arguments (an exercise
+    graded with the grader's version of another one it builds on)."""
     with ExitStack() as stack:
         for module_name, path, message in targets:
             owner = importlib.import_module(module_name)
             *parents, name = path.split(".")
             for parent in parents:
                 owner = getattr(owner, parent)
-            original = getattr(owner, name)
 
             def refuse(*args, _message=message, **kwargs):
                 raise AssertionError(_message)
-            setattr(owner, name, refuse)
-            stack.callback(setattr, owner, name, original)
-            for held_as, value in list(vars(module).items()) if module else []:
-                if value is original:
-                    setattr(module, held_as, refuse)
-                    stack.callback(setattr, module, held_as, original)
+            swap(stack, owner, name, refuse, module)
+        for name, probe in (replace or {}).items():
+            if module is not None and hasattr(module, name):  # none: nothing can call it
+                swap(stack, module, name, getattr(importlib.import_module("probes"), probe),
+                     module)
         yield
 
 
@@ -362,7 +375,8 @@ class Child:
         module = self.exercises()
         args = from_judge(request.get("args", ()), self.handles)
         kwargs = from_judge(request.get("kwargs", {}), self.handles)
-        with environment(request.get("env") or {}), refusing(request.get("refuse") or [], module):
+        with environment(request.get("env") or {}), \
+                refusing(request.get("refuse") or [], module, request.get("replace")):
             if op == "call":
                 value = getattr(module, request["name"])(*args, **kwargs)
             elif op == "probe":

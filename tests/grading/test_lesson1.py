@@ -69,6 +69,14 @@ def test_global_rank_rejects_impossible_ranks(ex):
 
 # --- l1_rank_layout -----------------------------------------------------------------------
 
+@pytest.fixture
+def own_global_rank(ex):
+    """rank_layout graded on its own: while it runs, the submission's global_rank is the
+    grader's (probes.lesson1_global_rank), so a mistake there costs l1_global_rank alone."""
+    with ex.options(replace={"global_rank": "lesson1_global_rank"}):
+        yield
+
+
 ONE_GPU_EACH = [Process(r, r // 4, r % 4, (r % 4,)) for r in range(8)]
 TWO_GPUS_EACH = [
     Process(0, 0, 0, (0, 1)), Process(1, 0, 1, (2, 3)),
@@ -81,6 +89,7 @@ def as_tuples(processes):
 
 
 @pytest.mark.l1_rank_layout
+@pytest.mark.usefixtures("own_global_rank")
 @pytest.mark.points(2)
 def test_layout_one_gpu_per_process(ex):
     got = as_tuples(ex.rank_layout(2, 4, 1))
@@ -90,6 +99,7 @@ def test_layout_one_gpu_per_process(ex):
 
 
 @pytest.mark.l1_rank_layout
+@pytest.mark.usefixtures("own_global_rank")
 @pytest.mark.points(2)
 def test_layout_two_gpus_per_process(ex):
     got = as_tuples(ex.rank_layout(2, 4, 2))
@@ -99,6 +109,7 @@ def test_layout_two_gpus_per_process(ex):
 
 
 @pytest.mark.l1_rank_layout
+@pytest.mark.usefixtures("own_global_rank")
 @pytest.mark.points(1)
 def test_layout_odd_shapes(ex):
     layout = ex.rank_layout(3, 6, 3)  # 3 nodes x 2 processes of 3 GPUs
@@ -121,6 +132,7 @@ def test_layout_odd_shapes(ex):
 
 
 @pytest.mark.l1_rank_layout
+@pytest.mark.usefixtures("own_global_rank")
 @pytest.mark.points(1)
 def test_layout_rejects_bad_shapes(ex):
     for shape in [(2, 4, 3), (2, 3, 2), (0, 4, 1), (2, 0, 1), (2, 4, 0), (2, -4, 1), (2, 4, 5)]:

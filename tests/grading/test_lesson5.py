@@ -215,6 +215,15 @@ def srun_job(tasks_per_node, counts, nodelist, hosts, cyclic=False, **more):
             for rank, (node, local_rank) in enumerate(placed)]
 
 
+@pytest.fixture
+def own_expand_nodelist(ex):
+    """identity_from_slurm graded on its own: while it runs, the submission's expand_nodelist
+    is the grader's (probes.lesson5_expand_nodelist, which reads the easy shapes below), so a
+    mistake there costs l5_expand_nodelist alone."""
+    with ex.options(replace={"expand_nodelist": "lesson5_expand_nodelist"}):
+        yield
+
+
 SRUN_JOBS = {  # the node lists keep to easy shapes: the identity, not the expander, is graded
     "8 tasks on 4 nodes running 3, 1, 2, 2":
         srun_job("3,1,2(x2)", [3, 1, 2, 2], "gpu[2-5]", ["gpu2", "gpu3", "gpu4", "gpu5"]),
@@ -228,6 +237,7 @@ SRUN_JOBS = {  # the node lists keep to easy shapes: the identity, not the expan
 
 
 @pytest.mark.l5_slurm_identity
+@pytest.mark.usefixtures("own_expand_nodelist")
 @pytest.mark.points(4)
 def test_identity_of_every_process_srun_started(ex):
     wrong = [f"identity_from_slurm(srun's variables of {job}, rank {want['rank']}) "
@@ -242,6 +252,7 @@ NEEDED = ["SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS", "SLURM_NODEID",
 
 
 @pytest.mark.l5_slurm_identity
+@pytest.mark.usefixtures("own_expand_nodelist")
 @pytest.mark.points(1)
 def test_identity_outside_srun_names_what_is_missing(ex):
     full = SRUN_JOBS["8 tasks on 4 nodes running 3, 1, 2, 2"][5][0]

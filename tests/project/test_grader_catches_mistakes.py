@@ -5,7 +5,9 @@ docstring opens with the exercise and the exact score it must get, e.g.
 `l4_ring_allreduce: 4 of 10.`; a few are right answers written another way, which must keep
 full marks. The files of a lesson are packed into as few submission folders as possible,
 at most one per exercise in a folder, and every exercise a folder leaves alone must keep
-its full marks: so a mistake costs its own exercise only.
+its full marks: so a mistake costs its own exercise only. A file named
+*_beside_the_reference.py (a mistake in a function another exercise builds on) gets a folder
+of its own, so the exercise that builds on it is the reference's and must keep full marks.
 
 To stay fast, each grading worker is launched once per world size for all the folders of a
 lesson (--submissions A,B,...), and then the real grading tests score each folder from its
@@ -37,6 +39,11 @@ HEADER = re.compile(r'^"""(l\d+_\w+): (\d+) of (\d+)\.')
 
 
 ENDS_ITS_PROCESS = "_ends_its_process.py"  # a mistake that ends the process it runs in
+# A mistake in a function another exercise's reference builds on (global_rank, which
+# rank_layout calls), graded in a folder of its own beside the reference's every other
+# function: the exercise that builds on it, graded with the grader's own version of it
+# (tests/grading/README.md), keeps full marks.
+BESIDE_THE_REFERENCE = "_beside_the_reference.py"
 
 
 def mistakes(lesson, which=lambda path: True):
@@ -53,12 +60,18 @@ def mistakes(lesson, which=lambda path: True):
 
 def build_folders(lesson, base, which):
     """Folder k holds the k-th mistake (of the files `which` takes) of every exercise that has
-    one; returns [(folder, {exercise: (earned, possible, file name)})]."""
+    one, and each file named *_beside_the_reference.py a folder of its own after them;
+    returns [(folder, {exercise: (earned, possible, file name)})]."""
     solution = (ROOT / "solutions" / f"lesson{lesson}" / "exercises.py").read_text()
-    by_exercise = mistakes(lesson, which)
+    by_exercise = mistakes(lesson, lambda path: which(path) and
+                           not path.name.endswith(BESIDE_THE_REFERENCE))
+    packs = [{ex: v[k] for ex, v in by_exercise.items() if k < len(v)}
+             for k in range(max((len(v) for v in by_exercise.values()), default=0))]
+    packs += [{ex: found} for ex, files in mistakes(lesson, lambda path: which(path) and
+                                                    path.name.endswith(BESIDE_THE_REFERENCE)
+                                                    ).items() for found in files]
     folders = []
-    for k in range(max(len(v) for v in by_exercise.values())):
-        chosen = {ex: v[k] for ex, v in by_exercise.items() if k < len(v)}
+    for k, chosen in enumerate(packs):
         folder = base / f"lesson{lesson}_{k}"
         (folder / f"lesson{lesson}").mkdir(parents=True)
         (folder / f"lesson{lesson}" / "exercises.py").write_text(solution + "".join(

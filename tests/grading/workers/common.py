@@ -232,13 +232,19 @@ def observe_checks(store, tag: str, lesson: int, checks, timeout_of, index: int,
 
 
 def observe(store, tag: str, lesson: int, checks: dict, timeout: timedelta,
-            index: int = 0) -> dict:
-    """observe_checks for a worker whose checks[name](ex) returns this rank's observations."""
+            index: int = 0, graded_with=None) -> dict:
+    """observe_checks for a worker whose checks[name](ex) returns this rank's observations.
+    graded_with {check: {name: probe}}: while that check runs, the submission's own function
+    `name` is probes.py's `probe` (an exercise graded with the grader's version of another it
+    builds on; the sandbox's own replacing, sandbox_child.refusing)."""
+    from ddpcourse.course.sandbox_child import refusing
+
     def run(check, ex, import_error):
         try:
             if import_error:
                 raise RuntimeError(import_error)
-            return {"data": as_data(checks[check](ex))}
+            with refusing([], ex, (graded_with or {}).get(check)):
+                return {"data": as_data(checks[check](ex))}
         except BaseException as error:  # the graded code raised: the next check runs
             return {"error": f"rank {RANK}: {one_line(error)}"}
 
@@ -304,10 +310,11 @@ def worker_arguments(description: str, checks: dict) -> argparse.Namespace:
 
 
 def observe_each_submission(lesson: int, checks: dict, timeout: timedelta,
-                            description: str) -> None:
+                            description: str, graded_with=None) -> None:
     """A worker's main: observe(...) once per submission, each written for the judge."""
     args = worker_arguments(description, checks)
     store = launcher_store()
     for i, submission in enumerate(submissions_to_grade(args.submissions)):
         select_submission(submission, store, tag=str(i))
-        write_observations(observe(store, str(i), lesson, args.checks, timeout, index=i), i)
+        write_observations(observe(store, str(i), lesson, args.checks, timeout, index=i,
+                                   graded_with=graded_with), i)

@@ -103,7 +103,10 @@ def observe_train_ddp(ex):
 
 
 CHECKS = {"average_gradients": observe_average_gradients, "train_ddp": observe_train_ddp}
+# train_ddp graded on its own: the reference builds on per_process_batch (l3_batch_and_lr),
+# which is the grader's while train_ddp runs (probes.py)
+GRADED_WITH = {"train_ddp": {"per_process_batch": "lesson3_per_process_batch"}}
 
 
 if __name__ == "__main__":
-    observe_each_submission(3, CHECKS, GROUP_TIMEOUT, "lesson 3 grading checks")
+    observe_each_submission(3, CHECKS, GROUP_TIMEOUT, "lesson 3 grading checks", GRADED_WITH)
