@@ -41,7 +41,7 @@ OPTS    := --nproc '$(NPROC)' --nnodes '$(NNODES)' --port '$(PORT)' --timeout '$
 # Checks NPROC/NNODES/PORT with the system Python before anything is installed or started.
 CHECK   := $(PYTHON) -m ddpcourse.cluster.launch --check $(OPTS)
 
-.PHONY: help setup setup-lesson9 bench test test-busy test-fast test-grading test-notebooks test-lesson9 test-lesson10 lint grade grade-class notebooks site site-test figures \
+.PHONY: help setup setup-lesson9 bench test test-busy test-fast test-grading test-drills test-notebooks test-lesson9 test-lesson10 lint grade grade-class notebooks site site-test figures \
         student-release gradescope classroom-workflow clean
 
 help: ## list the targets
@@ -100,7 +100,10 @@ TEST_WORKERS ?= 3
 test: setup ## lint, then the test suite (solutions full marks, stubs zero, every script and drill)
 	$(VPY) -m ruff check .
 	$(VPY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=15 \
-		-m "not notebook and not lesson9 and not lesson10 and not grading_heavy"
+		-m "not notebook and not lesson9 and not lesson10 and not grading_heavy and not drills"
+
+test-drills: setup ## the error index's reproductions and lesson 6's main-first drill, run whole (about a minute)
+	$(VPY) -m pytest -q -n 2 -m drills
 
 test-grading: setup ## lessons 6-8's wrong submissions and every lesson's process-ending mistake graded: each loses exactly its points
 	$(VPY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m grading_heavy

@@ -193,6 +193,7 @@ def lines():
 
 
 @pytest.mark.slow
+@pytest.mark.drills
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("title, name, cls",
                          [pytest.param(*r, id=r[1]) for r in reproduced()])
