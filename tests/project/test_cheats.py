@@ -86,6 +86,7 @@ def running_leftovers(marker: bytes) -> list[str]:
 
 @needs_root
 @pytest.mark.slow
+@pytest.mark.grading_heavy  # a class of 11 graded alone, about 2 minutes: make test-grading
 @pytest.mark.timeout(600)
 def test_every_cheat_scores_its_honest_score_and_touches_no_one(tmp_path):
     stubs = (ROOT / "lessons" / "lesson1" / "exercises.py").read_text()
