@@ -58,6 +58,14 @@ CASES = {"alone": "(a) rank 0 prepares, the others wait",
          "split": "(d) the work split over the ranks"}
 
 
+
+def say(*args, end="\n", flush=True):
+    """print in one write: the ranks share torchrun's pipe, and under python -u or
+    PYTHONUNBUFFERED a print's text and its newline go out apart, so two ranks' lines could
+    join."""
+    sys.stdout.write(" ".join(str(a) for a in args) + end)
+    sys.stdout.flush()
+
 def parse_args():
     parser = ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nproc", type=int, default=3, help="processes of each job")
@@ -144,7 +152,7 @@ def prepare_only(args):
     path = Path(args.cache) / "tokens.pt"
     tick = time.monotonic()
     tokenize_into(path, documents(args.documents), args.prepare_seconds)
-    print(f"prepared {args.documents} documents into {path} in "
+    say(f"prepared {args.documents} documents into {path} in "
           f"{time.monotonic() - tick:.1f} s, without a process group", flush=True)
 
 
@@ -163,7 +171,7 @@ def the_failure(args, rank, job, cache):
         progress, tick = [0], time.monotonic()
 
         def stopped(signum, frame):  # torchrun stops the other workers when one fails
-            print(f"rank 0: still tokenizing when torchrun stopped it (SIGTERM) "
+            say(f"rank 0: still tokenizing when torchrun stopped it (SIGTERM) "
                   f"{time.monotonic() - tick:.1f} s in, at document {progress[0]} of "
                   f"{args.documents}: the cache was never written", flush=True)
             raise SystemExit(128 + signum)
@@ -175,10 +183,10 @@ def the_failure(args, rank, job, cache):
     try:
         dist.barrier(group=job)  # the others wait here for rank 0, up to the job's timeout
     except RuntimeError as error:
-        print(f"rank {rank}: waited {time.monotonic() - tick:.1f} s in dist.barrier(group=job) "
+        say(f"rank {rank}: waited {time.monotonic() - tick:.1f} s in dist.barrier(group=job) "
               f"(timeout {args.timeout:g} s), then {in_words(error)}", flush=True)
         sys.exit(1)
-    print(f"rank {rank}: passed the barrier after {time.monotonic() - tick:.1f} s", flush=True)
+    say(f"rank {rank}: passed the barrier after {time.monotonic() - tick:.1f} s", flush=True)
 
 
 def worker(args):
@@ -197,7 +205,7 @@ def worker(args):
     if args.case == "prepared":  # (b): written before the job started
         paths = [cache / "tokens.pt"]
         if not paths[0].exists():
-            print(f"rank {rank}: no cache at {paths[0]}: run --prepare-only first", flush=True)
+            say(f"rank {rank}: no cache at {paths[0]}: run --prepare-only first", flush=True)
             sys.exit(1)
     elif args.case == "main-first":  # (c)
         # Every rank makes the group (new_group is called by all), before rank 0 starts.
@@ -234,9 +242,9 @@ def worker(args):
     lines = [None] * world_size if rank == 0 else None
     dist.gather_object((line, checksum, waited or 0.0, ready), lines, dst=0, group=job)
     if rank == 0:  # printed once, in rank order
-        print("\n".join(entry[0] for entry in lines), flush=True)
+        say("\n".join(entry[0] for entry in lines), flush=True)
         sums = {entry[1] for entry in lines}
-        print(summary_line(case=args.case, world_size=world_size, documents=count,
+        say(summary_line(case=args.case, world_size=world_size, documents=count,
                            same_tokens_on_all_ranks=len(sums) == 1, checksum=checksum,
                            longest_wait_s=max(entry[2] for entry in lines),
                            data_ready_s=max(entry[3] for entry in lines)), flush=True)
