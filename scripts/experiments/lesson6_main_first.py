@@ -66,6 +66,7 @@ def say(*args, end="\n", flush=True):
     sys.stdout.write(" ".join(str(a) for a in args) + end)
     sys.stdout.flush()
 
+
 def parse_args():
     parser = ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nproc", type=int, default=3, help="processes of each job")
