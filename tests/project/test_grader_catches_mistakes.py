@@ -110,8 +110,9 @@ def test_every_graded_exercise_has_wrong_submissions_that_cost_points():
 
 @pytest.mark.slow
 @pytest.mark.timeout(400)
-# lessons 6-8's jobs restart, kill and shard (a minute each on a loaded machine): make test-grading
-@pytest.mark.parametrize("lesson", by_lesson(LESSONS, apart=(6, 7, 8)))
+# lessons 6-8's jobs restart, kill and shard (a minute each on a loaded machine), and lesson 4's
+# checks are relayed jobs per folder, not shared launches (43 s): make test-grading
+@pytest.mark.parametrize("lesson", by_lesson(LESSONS, apart=(4, 6, 7, 8)))
 def test_each_mistake_costs_its_own_exercise_what_it_is_worth(tmp_path, lesson):
     costs_only_its_exercise(lesson, tmp_path, lambda path: not path.name.endswith(
         ENDS_ITS_PROCESS))
