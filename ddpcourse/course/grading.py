@@ -170,12 +170,6 @@ def grading_targets(lesson: int | None) -> list[str]:
     return [str(path)]
 
 
-def refused_lessons(submission: str | Path, lesson: int | None) -> dict[int, str]:
-    """{lesson: why} for each lesson (or this one) whose files the grader will not take from
-    the submission folder (ddpcourse/course/intake.py): those lessons score 0."""
-    return intake_problems(submission, lesson)[0]
-
-
 def intake_problems(submission: str | Path,
                     lesson: int | None) -> tuple[dict[int, str], dict[int, str]]:
     """({lesson: why refused}, {lesson: what was expected where}) for each lesson (or this

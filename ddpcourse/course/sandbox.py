@@ -460,7 +460,7 @@ class Submission:
             ctypes.CDLL(None).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
             # Namespaces of its own inside a user namespace, where the kernel lends one.
             self._proc = ZygoteChild.start(zygote_socket(), {
-                "uid": None, "own_user": True, "env": env, "release": str(release),
+                "uid": None, "env": env, "release": str(release),
                 "lesson": self._lesson, "keep": kept_in_view(scratch),
                 "fork_server": "--no-fork-server" not in cmd},
                 (requests_r, replies_w)) if user_namespaces() else None

@@ -514,7 +514,7 @@ def start_sandbox(request: dict, fds: list[int]) -> None:
     # Without root, a sandbox still gets namespaces of its own, inside a user namespace of its
     # own (its user id unchanged): no rank reaches another but through the relay, and the
     # submission's child has a network, /tmp, /dev/shm and home of its own.
-    own_user = not isolated and request.get("own_user", rank)
+    own_user = not isolated
     try:
         os.setsid()
         libc = ctypes.CDLL(None, use_errno=True)
@@ -525,7 +525,7 @@ def start_sandbox(request: dict, fds: list[int]) -> None:
             try:
                 enter_own_user_namespace(libc, namespaces)
             except OSError as refused:  # a kernel that lends no user namespace: said, not fatal
-                print(f"### rank not isolated: {refused}", file=sys.stderr, flush=True)
+                print(f"### sandbox not isolated: {refused}", file=sys.stderr, flush=True)
                 own_user = False
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         child = os.fork()

@@ -258,3 +258,20 @@ def one_line_value_error(call, *args, **kwargs):
     with pytest.raises(ValueError) as refused:
         call(*args, **kwargs)
     assert "\n" not in str(refused.value).strip(), (args, kwargs, str(refused.value))
+
+
+def brief(value, limit=120):
+    """repr(value), only its start when longer than `limit`: a failure message stays short."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def difference(got, want, item="position", items="indices"):
+    """Where the list `got` first departs from the list `want`, in words."""
+    try:
+        at = next(i for i, (g, w) in enumerate(zip(got, want, strict=False)) if g != w)
+        where = f"{item} {at} is {brief(got[at], 40)}, expected {brief(want[at], 40)}; "
+    except Exception:  # no item differs (a length does), or `got` is no list
+        where = ""
+    size = f"{len(got)} {items} " if isinstance(got, list) else ""
+    return f"{where}got {size}{brief(got)}, expected {len(want)} {brief(want)}"

@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from jobs import Job, graded, judged, verdict
+from jobs import Job, brief, difference, graded, judged, verdict
 from probes import class_names, lesson3_data, lesson3_model
 from torch.utils.data import DistributedSampler, TensorDataset
 
@@ -20,23 +20,6 @@ JOBS = {w: Job(f"lesson3_W{w}", "lesson3_ddp.py", nproc=w) for w in (2, 3)}
 @pytest.fixture(scope="module")
 def ex():
     yield from graded(3)
-
-
-def brief(value, limit=120):
-    """repr(value), only its start when longer than `limit`: a failure message stays short."""
-    text = repr(value)
-    return text if len(text) <= limit else text[:limit] + "..."
-
-
-def difference(got, want):
-    """Where the list `got` first departs from the list `want`, in words."""
-    try:
-        at = next(i for i, (g, w) in enumerate(zip(got, want, strict=False)) if g != w)
-        where = f"position {at} is {brief(got[at], 40)}, expected {brief(want[at], 40)}; "
-    except Exception:  # no position differs (a length does), or `got` is no list
-        where = ""
-    size = f"{len(got)} indices " if isinstance(got, list) else ""
-    return f"{where}got {size}{brief(got)}, expected {len(want)} {brief(want)}"
 
 
 def ranks_difference(mine, real):

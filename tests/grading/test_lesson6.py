@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from jobs import WORKERS, Job, allow_the_launch, graded, run_job, will_launch
+from jobs import WORKERS, Job, allow_the_launch, brief, difference, graded, run_job, will_launch
 from probes import snapshot_python_rng
 from torch.utils.data import DistributedSampler
 
@@ -29,23 +29,6 @@ JOBS = {w: Job(f"lesson6_W{w}", "lesson6_resume.py", nproc=w, timeout=240, resta
 @pytest.fixture(scope="module")
 def ex():
     yield from graded(6)
-
-
-def brief(value, limit=120):
-    """repr(value), only its start when longer than `limit`: a failure message stays short."""
-    text = repr(value)
-    return text if len(text) <= limit else text[:limit] + "..."
-
-
-def difference(got, want):
-    """Where the list `got` first departs from the list `want`, in words."""
-    try:
-        at = next(i for i, (g, w) in enumerate(zip(got, want, strict=False)) if g != w)
-        where = f"position {at} is {brief(got[at], 40)}, expected {brief(want[at], 40)}; "
-    except Exception:  # no position differs (a length does), or `got` is no list
-        where = ""
-    size = f"{len(got)} indices " if isinstance(got, list) else ""
-    return f"{where}got {size}{brief(got)}, expected {len(want)} {brief(want)}"
 
 
 def uncounted(got, want):

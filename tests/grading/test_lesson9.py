@@ -7,7 +7,16 @@ sub-groups, with every collective it starts recorded."""
 
 import pytest
 import torch
-from jobs import Job, graded, judge_once, judged, one_line_value_error, verdict
+from jobs import (
+    Job,
+    brief,
+    difference,
+    graded,
+    judge_once,
+    judged,
+    one_line_value_error,
+    verdict,
+)
 from probes import class_names, lesson9_case, lesson9_groups, lesson9_loader, lesson9_truth
 from torch.utils.data import DataLoader, DistributedSampler
 
@@ -18,23 +27,6 @@ JOBS = {w: Job(f"lesson9_W{w}", "lesson9_validation.py", nproc=w, timeout=150) f
 @pytest.fixture(scope="module")
 def ex():
     yield from graded(9)
-
-
-def brief(value, limit=120):
-    """repr(value), only its start when longer than `limit`: a failure message stays short."""
-    text = repr(value)
-    return text if len(text) <= limit else text[:limit] + "..."
-
-
-def difference(got, want, items="batches", item="batch"):
-    """Where the list `got` first departs from the list `want`, in words."""
-    try:
-        at = next(i for i, (g, w) in enumerate(zip(got, want, strict=False)) if g != w)
-        where = f"{item} {at} is {brief(got[at], 40)}, expected {brief(want[at], 40)}; "
-    except Exception:  # no item differs (a length does), or `got` is no list
-        where = ""
-    size = f"{len(got)} {items} " if isinstance(got, list) else ""
-    return f"{where}got {size}{brief(got)}, expected {len(want)} {brief(want)}"
 
 
 # --- l9_launcher_identity ------------------------------------------------------------------
@@ -234,7 +226,8 @@ def read_difference(read, want, ranks=None):
         for rank, mine, theirs in zip(ranks or range(len(read)), read, want, strict=True):
             for epoch, (got, expected) in enumerate(zip(mine, theirs, strict=False)):
                 if got != expected:
-                    return f"rank {rank}, epoch {epoch}: {difference(got, expected)}"
+                    return (f"rank {rank}, epoch {epoch}: "
+                            f"{difference(got, expected, 'batch', 'batches')}")
             if mine != theirs:
                 return f"rank {rank} read {len(mine)} epochs, expected {len(theirs)}"
     except Exception:  # not lists of epochs of batches: show them as they are

@@ -23,7 +23,7 @@ import re
 from pathlib import Path
 
 import pytest
-from util import PYTHON, ROOT, machine_load, run
+from util import PYTHON, ROOT, anchors, machine_load, run
 
 from ddpcourse.course.lessons import all_targets
 
@@ -40,32 +40,6 @@ ITEM = re.compile(r"^- \*\*(Means|Explained in|Explained here|Reproduce|Reading 
 REPRODUCE = re.compile(re.escape(COMMAND) + r" ([\w-]+)`(?:(?!error_index\.py).)*?"
                        r"\bends\s+in\s+`(\w+)`")
 MAKE = re.compile(r"`make ([a-z][\w-]*)")
-
-
-def slug(heading: str) -> str:
-    """GitHub's anchor of a heading (mkdocs.yml makes the site's the same): lower case, code
-    marks and punctuation dropped, each space a hyphen."""
-    text = LINK.sub(lambda m: m.group(1), heading).lower()
-    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
-
-
-def anchors(page: Path) -> set[str]:
-    """The heading anchors of a Markdown page (fenced code left out; repeats get -1, -2)."""
-    found: set[str] = set()
-    in_code = False
-    for line in page.read_text().splitlines():
-        if FENCE.match(line):
-            in_code = not in_code
-            continue
-        heading = None if in_code else HEADING.match(line)
-        if heading:
-            base = name = slug(heading.group(2))
-            n = 0
-            while name in found:
-                n += 1
-                name = f"{base}-{n}"
-            found.add(name)
-    return found
 
 
 def entries() -> list[dict]:

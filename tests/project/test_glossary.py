@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from util import ROOT
+from util import ROOT, anchors, slug
 
 GLOSSARY = ROOT / "lessons" / "glossary.md"
 BEING_REWRITTEN: set[int] = set()
@@ -54,33 +54,6 @@ LINK = re.compile(r"!?\[((?:[^\[\]]|\[[^\]]*\])*)\]\(\s*<?([^)\s>]*)>?(?:\s+\"[^
 CODE_SPAN = re.compile(r"(`+)(?:(?!\1).)+?\1", re.S)
 HTML = re.compile(r"<!--.*?-->|</?[A-Za-z][^>]*>", re.S)
 URL = re.compile(r"\b(?:https?|file|ftp)://\S+")
-
-
-def slug(heading: str) -> str:
-    """GitHub's anchor of a heading (mkdocs.yml makes the site's the same): lower case, code
-    marks and punctuation dropped, each space a hyphen ("W = 4" gives "w--4")."""
-    text = LINK.sub(lambda m: m.group(1), heading).lower()
-    text = re.sub(r"[^\w\- ]", "", text)
-    return text.replace(" ", "-")
-
-
-def anchors(page: Path) -> set[str]:
-    """The heading anchors of a Markdown page (fenced code left out; repeats get -1, -2)."""
-    found: set[str] = set()
-    in_code = False
-    for line in page.read_text().splitlines():
-        if FENCE.match(line):
-            in_code = not in_code
-            continue
-        heading = None if in_code else HEADING.match(line)
-        if heading:
-            base = slug(heading.group(1))
-            name, n = base, 0
-            while name in found:
-                n += 1
-                name = f"{base}-{n}"
-            found.add(name)
-    return found
 
 
 @dataclass(frozen=True)
