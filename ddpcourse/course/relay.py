@@ -139,7 +139,9 @@ class RelayWork(dist.Work):
 
     def wait(self, timeout=None):
         if not self.done:
-            reply = self.connection.wait(self.ident, self.seconds)
+            asked = timeout.total_seconds() if isinstance(timeout, timedelta) else 0
+            reply = self.connection.wait(self.ident, min(asked, self.seconds) if asked > 0
+                                         else self.seconds)
             for out, got in zip(self.outputs, reply.get("tensors", []), strict=False):
                 out.copy_(got)
             self.source = reply.get("from", -1)
@@ -177,11 +179,20 @@ class RelayGroup(dist.ProcessGroup):
     def __init__(self, connection: Connection, group: str, rank: int, size: int,
                  timeout: timedelta):
         super().__init__(rank, size)
-        self.connection, self.group = connection, group
+        self.connection, self.group, self.name = connection, group, group
         self.seconds = timeout.total_seconds()
 
     def getBackendName(self):
         return "relay"
+
+    # torch keeps a group's name in its backends, which a group that is its own backend has
+    # none of (DeviceMesh asks for it): kept here instead.
+    def _set_group_name(self, name):
+        self.name = name
+
+    @property
+    def group_name(self):
+        return self.name
 
     supports_coalescing = False  # batch_isend_irecv: one request per operation
 
@@ -269,7 +280,8 @@ _connection: Connection | None = None
 
 def create_group(options, backend_options=None):
     ranks = list(options.global_ranks_in_group) or list(range(options.group_size))
-    _connection.call({"op": "group", "group": options.group_id, "ranks": ranks},
+    _connection.call({"op": "group", "group": options.group_id, "ranks": ranks,
+                      "timeout": options.timeout.total_seconds()},
                      timeout=options.timeout.total_seconds())
     return RelayGroup(_connection, options.group_id, options.group_rank, options.group_size,
                       options.timeout)
@@ -447,7 +459,8 @@ class Relay:
                     f"rank of {known}: every process must create every group (dist.new_group), "
                     "in the same order, members or not")})
                 return
-            self.event(rank, kind="group", ranks=tuple(ranks))
+            self.event(rank, kind="group", group=str(request["group"]), ranks=tuple(ranks),
+                       timeout=float(request.get("timeout") or 0))
             self.reply(rank, {"id": ident})
         elif op == "send":
             self.send(rank, request)
@@ -522,7 +535,7 @@ class Relay:
                 f"a ready-made collective ({name}) was called: build this one from send/recv")})
             return
         self.event(rank, kind="collective", op=name, numel=numel, nbytes=nbytes,
-                   ranks=tuple(members))
+                   ranks=tuple(members), group=group)
         key = (group, rank)
         seq = self.sequence[key]
         self.sequence[key] += 1

@@ -179,8 +179,10 @@ def relayed(worker: str, check: str, nproc: int, nnodes: int = 1, timeout: float
 def relayed_observations(job) -> list[dict]:
     """Every rank's observation ({"data": ...} or {"error": why}), each dict of it that
     names a case ({"case": k}) given what the relay saw that rank do in case k: "messages",
-    [(kind, peer, numel, nbytes)], and "refused", the ready-made collectives it refused. The
-    case numbers must be the ones the rank noted, in order; the messages are the relay's."""
+    [(kind, peer, numel, nbytes)], peers as global ranks; "collectives", [(op, numel, nbytes,
+    member ranks, the group's timeout in seconds)]; "groups", [(member ranks, timeout)] made;
+    and "refused", the ready-made collectives it refused. The case numbers must be the ones
+    the rank noted, in order; the rest is the relay's."""
     seen = []
     for rank, (notes, record, exit) in enumerate(zip(job.notes, job.record, job.exits,
                                                       strict=True)):
@@ -190,6 +192,9 @@ def relayed_observations(job) -> list[dict]:
             seen.append({"error": f"rank {rank}: no observation ({how})"})
             continue
         observation = from_data(reported[0])
+        if "data" not in observation:  # what the check raised: no case to fill
+            seen.append({"error": str(observation.get("error"))[:300]})
+            continue
         noted = [n["case"] for n in notes if "case" in n]
         named = []
         try:
@@ -213,9 +218,14 @@ def with_traffic(value, record, named):
             if not isinstance(k, int) or isinstance(k, bool):
                 raise TypeError("a case that is not a number")
             named.append(k)
+            timeouts = {e["group"]: e["timeout"] for e in record if e["kind"] == "group"}
             events = [e for e in record if e.get("case") == k]
             out["messages"] = [(e["kind"], e["peer"], e["numel"], e["nbytes"])
                                for e in events if e["kind"] in ("send", "recv")]
+            out["collectives"] = [(e["op"], e["numel"], e["nbytes"], e["ranks"],
+                                   timeouts.get(e["group"])) for e in events
+                                  if e["kind"] == "collective"]
+            out["groups"] = [(e["ranks"], e["timeout"]) for e in events if e["kind"] == "group"]
             out["refused"] = [f"a ready-made collective ({e['op']})" for e in events
                               if e["kind"] == "refused"]
         return out

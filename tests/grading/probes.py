@@ -718,14 +718,28 @@ def lesson10_sub_groups(world):
     return [[0], list(range(1, world))]
 
 
-def lesson10_attention(case, world):
+def lesson10_attention(case, world, secrets=None):
     """(Q, K, V) of a whole sequence of LESSON10_BLOCK x world positions; group rank r of the
     check holds positions r x block to (r + 1) x block - 1 of each. "large": scores in the
-    hundreds, whose exponentials overflow float32 unless shifted by their maximum."""
+    hundreds, whose exponentials overflow float32 unless shifted by their maximum. With
+    `secrets` (a relayed job's, one per group rank), block r is lesson10_attention_block(case,
+    secrets[r]): what only rank r can make."""
+    if secrets is not None:
+        blocks = [lesson10_attention_block(case, secret) for secret in secrets]
+        return tuple(torch.cat([b[i] for b in blocks], dim=-2) for i in range(3))
     g = torch.Generator().manual_seed(1000 * world + sum(map(ord, case)))
+    return _attention_inputs(case, LESSON10_BLOCK * world, g)
+
+
+def lesson10_attention_block(case, secret):
+    """A relayed rank's own (Q, K, V) block, from the secret the relay gave it alone."""
+    g = torch.Generator().manual_seed((secret * 1_000_003 + sum(map(ord, case))) % (2**63 - 1))
+    return _attention_inputs(case, LESSON10_BLOCK, g)
+
+
+def _attention_inputs(case, positions, g):
     batch, heads, dim = LESSON10_SHAPE
-    q, k, v = (torch.randn(batch, heads, LESSON10_BLOCK * world, dim, generator=g)
-               for _ in range(3))
+    q, k, v = (torch.randn(batch, heads, positions, dim, generator=g) for _ in range(3))
     if case == "large":
         q, k = q * 12, k * 12
     return q, k, v
@@ -742,26 +756,32 @@ def lesson10_experts(world):
         return [nn.Linear(*LESSON10_FEATURES) for _ in range(2 * world)]
 
 
-def lesson10_tokens(case, world):
-    """Every rank's (tokens, expert ids, the probe its output is multiplied by for backward):
-    uneven counts per rank; "uneven": rank 0 sends everything to the last expert and expert 1
-    gets nothing; "empty": rank 1 has no tokens at all and only the first and last experts
-    get any."""
-    g = torch.Generator().manual_seed(500 + 10 * world + len(case))
+def lesson10_tokens(case, world, secrets=None):
+    """Every rank's lesson10_share: [(tokens, expert ids, probe)] in rank order."""
+    return [lesson10_share(case, world, rank, None if secrets is None else secrets[rank])
+            for rank in range(world)]
+
+
+def lesson10_share(case, world, rank, secret=None):
+    """Rank `rank`'s (tokens, expert ids, the probe its output is multiplied by for
+    backward) in a MoE check: uneven counts per rank; "uneven": rank 0 sends everything to
+    the last expert and expert 1 gets nothing; "empty": rank 1 has no tokens at all and only
+    the first and last experts get any. With `secret` (a relayed rank's), the tokens and the
+    probe come from it: only that rank can make them; the ids never do."""
+    g = torch.Generator().manual_seed(500 + 10 * world + len(case) + 1000 * rank)
     experts, d_in, d_out = 2 * world, *LESSON10_FEATURES
-    shares = []
-    for rank in range(world):
-        count = 0 if case == "empty" and rank == 1 else 3 + 2 * rank
-        if case == "empty":
-            ids = torch.where(torch.rand(count, generator=g) < 0.5, 0, experts - 1)
-        elif rank == 0:
-            ids = torch.full((count,), experts - 1)
-        else:
-            ids = torch.randint(0, experts - 1, (count,), generator=g)
-            ids = torch.where(ids == 1, experts - 1, ids)
-        shares.append((torch.randn(count, d_in, generator=g), ids.long(),
-                       torch.randn(count, d_out, generator=g)))
-    return shares
+    count = 0 if case == "empty" and rank == 1 else 3 + 2 * rank
+    if case == "empty":
+        ids = torch.where(torch.rand(count, generator=g) < 0.5, 0, experts - 1)
+    elif rank == 0:
+        ids = torch.full((count,), experts - 1)
+    else:
+        ids = torch.randint(0, experts - 1, (count,), generator=g)
+        ids = torch.where(ids == 1, experts - 1, ids)
+    own = g if secret is None else \
+        torch.Generator().manual_seed((secret * 1_000_003 + len(case)) % (2**63 - 1))
+    return (torch.randn(count, d_in, generator=own), ids.long(),
+            torch.randn(count, d_out, generator=own))
 
 
 def lesson10_alone(ex, which):

@@ -1,10 +1,13 @@
 """Grading tests for lesson 10. mesh_coordinates is called here on 1-, 2- and 3-D shapes and
-edge inputs; mesh_groups, ring_attention and moe_dispatch run in torchrun jobs of 3 and 4
-processes (workers/lesson10_parallel.py), in the world and in sub-groups whose group ranks are
-not global ranks, and in the sandbox's world of one. The references (whole attention, every
-expert in one process, the groups of a row-major mesh) are computed here; most points need
-the mechanism as well as the result: the groups' timeout, a ring of messages and no
-collective, the causal blocks skipped, all-to-all carrying only the rows that move."""
+edge inputs; mesh_groups, ring_attention and moe_dispatch run in the sandbox's world of one,
+then each check of workers/lesson10_parallel.py at 3 and 4 ranks as a relayed job: every rank
+in a sandbox of its own, and the relay, in this process, the only road between them
+(ddpcourse/course/relay.py), in the world and in sub-groups whose group ranks are not global
+ranks. The references (whole attention, every expert in one process, the groups of a
+row-major mesh) are computed here, from the secrets the relay gave each rank. Most points
+need the mechanism as well as the result, as the relay saw it: the groups' members and
+timeout, a ring of messages and no collective, all-to-all carrying only the rows that move;
+and the causal blocks skipped (counted inside the rank: work no one else can see)."""
 
 import functools
 import math
@@ -12,26 +15,34 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from jobs import Job, graded, judge_once, judged, one_line_value_error, verdict
+from jobs import (
+    graded,
+    judge_once,
+    one_line_value_error,
+    relayed,
+    relayed_observations,
+    verdict,
+    verdict_lines,
+)
 from probes import (
     LESSON10_BLOCK,
     LESSON10_SHAPE,
     lesson10_attention,
     lesson10_block,
     lesson10_experts,
+    lesson10_share,
     lesson10_sub_groups,
     lesson10_tokens,
 )
 
-# world size -> its job
-JOBS = {w: Job(f"lesson10_W{w}", "lesson10_parallel.py", nproc=w, timeout=200) for w in (3, 4)}
+JOBS = {}  # no torchrun job: every check is a relayed job of its own (assert_ok below)
 MESH_TIMEOUT_S = 17.0  # what the worker asks mesh_groups for (workers/lesson10_parallel.py)
 NAMES = {2: ("dp", "tp"), 3: ("pp", "dp", "tp")}
 MESHES = {"mesh_2d": {3: [(3, 1), (1, 3)], 4: [(2, 2)]},
           "mesh_3d": {3: [(1, 3, 1)], 4: [(2, 1, 2)]}}
-ALL_TO_ALL = {"c10d::alltoall_base_", "c10d::alltoall_", "_c10d_functional::all_to_all_single",
-              "c10d_functional::all_to_all_single",
-              "_c10d_functional_autograd::all_to_all_single"}
+ALL_TO_ALL = {"alltoall_base", "alltoall"}  # the relay's names (relay.COLLECTIVES)
+RING_CHECKS = {"ring", "ring_causal", "ring_large", "ring_group"}  # collectives refused
+_secrets: list[int] = []  # the ranks' secrets of the job being judged
 
 
 @pytest.fixture(scope="module")
@@ -40,8 +51,31 @@ def ex():
 
 
 def assert_ok(world_size, name, verdicts):
-    line = verdict(judged(JOBS[world_size], verdicts), name)
+    """Verdict `name` on the relayed job of its check at `world_size` ranks (launched once,
+    shared by the verdicts of that check), judged here from what the relay saw."""
+    check = verdicts[name][0]
+    job = relayed("lesson10_parallel.py", check, world_size,
+                  refuse_collectives=check in RING_CHECKS)
+    _secrets[:] = job.secrets
+    report = verdict_lines({check: relayed_observations(job)}, world_size,
+                           {name: verdicts[name]}, lambda problems: "; ".join(problems[:4]))
+    line = verdict(report, name)
     assert line == f"{name}: ok on {world_size} ranks", line
+
+
+def secrets_of(ranks):
+    """The secrets of these global ranks, in group-rank order: what their inputs came from."""
+    return tuple(_secrets[r] for r in ranks)
+
+
+def over_the_relay(got, what):
+    """(the member ranks, the group's timeout) of the one all_reduce a name's case holds, as
+    the relay saw it; or why not."""
+    reduces = [c for c in got["collectives"] if c[0] == "allreduce"]
+    if len(reduces) != 1:
+        return None, f"{what}: {len(reduces)} all_reduce calls over it reached the relay " \
+                     f"({got.get('error') or 'no error'}), not one"
+    return (sorted(reduces[0][3]), reduces[0][4]), None
 
 
 # --- l10_mesh_groups -----------------------------------------------------------------------
@@ -93,16 +127,18 @@ def judge_meshes(kind):
                     continue
                 for dim, name in enumerate(names):
                     want = mesh_group(rank, shape, dim)
-                    got = mine[name]
-                    if sorted(got["ranks"]) != want:
-                        wrong.append(f"{shape}: rank {rank}'s {name} group is {got['ranks']}, "
-                                     f"not {want}")
-                    elif got["sum"] is not None and got["sum"] != sum(2 ** r for r in want):
+                    seen_by_relay, why = over_the_relay(
+                        mine[name], f"{shape}: rank {rank}'s {name} group")
+                    if why:
+                        wrong.append(why)
+                        continue
+                    members, timeout = seen_by_relay
+                    if members != want:
                         wrong.append(f"{shape}: an all_reduce over rank {rank}'s {name} group "
-                                     f"reached the ranks of {got['sum']:b} (binary), not {want}")
-                    if got["timeout"] != MESH_TIMEOUT_S:
+                                     f"reached ranks {members}, not {want}")
+                    if timeout != MESH_TIMEOUT_S:
                         slow.append(f"{shape}: rank {rank}'s {name} group waits "
-                                    f"{got['timeout']} s, not the {MESH_TIMEOUT_S:g} s asked")
+                                    f"{timeout} s, not the {MESH_TIMEOUT_S:g} s asked")
         return wrong, slow
     return judge_once(judge)
 
@@ -123,15 +159,16 @@ def judge_mesh_refused(seen):
     for rank, mine in enumerate(seen):
         first = mine["first"]
         if first["names"] != ["dp", "tp"] or any(
-                sorted(first[n]["ranks"]) != mesh_group(rank, shape, d)
+                over_the_relay(first[n], n)[0] is None or
+                over_the_relay(first[n], n)[0][0] != mesh_group(rank, shape, d)
                 for d, n in enumerate(("dp", "tp"))):
             problems.append(f"rank {rank}: the right mesh {shape} first came out wrong")
         for what, tried in zip(("a shape of W + 1 ranks", "two names for one dimension",
                                 "a name twice"), mine["tries"], strict=True):
             if not tried["raised"]:
                 problems.append(f"rank {rank}: {what} was not refused with a ValueError")
-            elif tried["groups_made"]:
-                problems.append(f"rank {rank}: {tried['groups_made']} group(s) made before "
+            elif tried["groups"]:
+                problems.append(f"rank {rank}: {len(tried['groups'])} group(s) made before "
                                 f"refusing {what}")
     return problems, ""
 
@@ -171,8 +208,8 @@ def test_mesh_groups_alone_and_refusals_before_any_group(ex):
 
 # --- l10_ring_attention --------------------------------------------------------------------
 
-def attention(case, world, causal):
-    q, k, v = (t.double() for t in lesson10_attention(case, world))
+def attention(case, world, causal, secrets=None):
+    q, k, v = (t.double() for t in lesson10_attention(case, world, secrets))
     return F.scaled_dot_product_attention(q, k, v, is_causal=causal).float()
 
 
@@ -187,18 +224,22 @@ def block_bytes():
     return batch * heads * LESSON10_BLOCK * dim * 4
 
 
-def ring_problems(mine, case, causal, rank, world, where):
+def ring_problems(mine, case, causal, rank, members, where):
     """(output problems, mechanism problems, structure problems) of one rank's ring_call. The
     structure: a rank exchanges blocks with one peer each way, its ring neighbours, whichever
     way the ring turns; blocks sent straight to every rank are the all-gather the ring exists
-    to avoid, and their right outputs do not count as the ring's."""
-    want = lesson10_block(attention(case, world, causal), rank)
+    to avoid, and their right outputs do not count as the ring's. The relay names peers by
+    global rank; `members` (the group's global ranks) turns them into group ranks."""
+    world = len(members)
+    want = lesson10_block(attention(case, world, causal, secrets_of(members)), rank)
     if mine["refused"]:
         return [f"{where}: called {mine['refused'][0]}"], [], []
     if not close(mine["out"], want, case):
         return [f"{where}: the output differs from attention in one process"], [], []
-    sent = [m for m in mine["messages"] if m[0] == "send"]
-    received = [m for m in mine["messages"] if m[0] == "recv"]
+    in_group = [(kind, members.index(peer) if peer in members else -1, numel, nbytes)
+                for kind, peer, numel, nbytes in mine["messages"]]
+    sent = [m for m in in_group if m[0] == "send"]
+    received = [m for m in in_group if m[0] == "recv"]
     peers_out, peers_in = {m[1] for m in sent}, {m[1] for m in received}
     structure = []
     if world > 1 and (len(peers_out) > 1 or len(peers_in) > 1 or not (
@@ -216,8 +257,8 @@ def ring_problems(mine, case, causal, rank, world, where):
                              f"{(rank - 1) % world} only")
         expected = 2 * (world - 1) * block_bytes()
         for kind, moved in (("sent", sent), ("received", received)):
-            if sum(m[2] for m in moved) != expected:
-                mechanism.append(f"{where}: {kind} {sum(m[2] for m in moved)} bytes; W - 1 "
+            if sum(m[3] for m in moved) != expected:
+                mechanism.append(f"{where}: {kind} {sum(m[3] for m in moved)} bytes; W - 1 "
                                  f"hops of a K and a V block are {expected}")
     elif mine["messages"]:
         mechanism.append(f"{where}: {len(mine['messages'])} messages in a group of one")
@@ -228,11 +269,11 @@ def judge_ring(case, causal, sub_groups=False):
     def judge(seen):
         world, results, mechanism, structure = len(seen), [], [], []
         for rank, mine in enumerate(seen):
-            r, w, where = rank, world, f"rank {rank}"
+            r, members, where = rank, list(range(world)), f"rank {rank}"
             if sub_groups:
-                ranks = lesson10_sub_groups(world)[0 if rank == 0 else 1]
-                r, w, where = ranks.index(rank), len(ranks), f"rank {rank} (group {ranks})"
-            wrong, how, shape = ring_problems(mine, case, causal, r, w, where)
+                members = lesson10_sub_groups(world)[0 if rank == 0 else 1]
+                r, where = members.index(rank), f"rank {rank} (group {members})"
+            wrong, how, shape = ring_problems(mine, case, causal, r, members, where)
             results += wrong
             mechanism += how
             structure += shape
@@ -336,11 +377,11 @@ def test_ring_attention_in_sub_groups(ex):
 # --- l10_moe_dispatch ----------------------------------------------------------------------
 
 @functools.cache
-def moe_reference(case, world):
+def moe_reference(case, world, secrets=None):
     """Every rank's output, tokens' gradient, and every expert's gradients (None: no token
-    reached it), all experts in one process."""
+    reached it), all experts in one process; with `secrets`, from the relayed ranks'."""
     experts = lesson10_experts(world)
-    shares = lesson10_tokens(case, world)
+    shares = lesson10_tokens(case, world, secrets)
     outs, tokens_grads, loss = [], [], 0
     leaves = []
     for tokens, ids, probe in shares:
@@ -368,45 +409,47 @@ def no_gradient_or_zero(got):
     return got is None or (isinstance(got, torch.Tensor) and not (got.abs() > 0).any())
 
 
-def moe_problems(mine, case, rank, world, where):
+def moe_problems(mine, case, rank, members, where):
     """(output problems, gradient problems, traffic problems, structure problems) of one
     rank's moe_call. The structure: rows travel by all-to-all; an all-reduce or all-gather
     of every token gives every rank all of them, and its right outputs do not count as the
-    dispatch's."""
-    outs, tokens_grads, grads = moe_reference(case, world)
-    if not same(mine["out"], outs[rank]):
+    dispatch's. mine: the forward's case (the output, its collectives) and the backward's."""
+    world = len(members)
+    outs, tokens_grads, grads = moe_reference(case, world, secrets_of(members))
+    forward, after = mine["forward"], mine["backward"]
+    if not same(forward["out"], outs[rank]):
         return [f"{where}: the output differs from the experts run in one process"], [], [], []
-    elsewhere = [(op, nbytes) for op, numel, nbytes, _ in mine["collectives"]
+    elsewhere = [(op, nbytes) for op, numel, nbytes, *_ in forward["collectives"]
                  if op not in ALL_TO_ALL]
     structure = []
     if sum(nbytes for _, nbytes in elsewhere) > 8 * 2 * world * world:  # counts at most
         structure.append(f"{where}: right, but the tokens travelled by {elsewhere[0][0]} "
                          f"({sum(n for _, n in elsewhere)} bytes): every rank got every "
                          "token, where an all-to-all sends each row only to its expert's rank")
-    backward = [f"{where}: backward failed: {mine['backward']}"] if mine.get("backward") else []
-    if not backward and not same(mine["tokens"], tokens_grads[rank]):
+    backward = [f"{where}: backward failed: {after['error']}"] if after.get("error") else []
+    if not backward and not same(after["tokens"], tokens_grads[rank]):
         backward.append(f"{where}: the tokens' gradient differs from one process's (or none)")
-    for i, got in enumerate(mine["experts"]):
+    for i, got in enumerate(after["experts"]):
         for g, want in zip(got, grads[2 * rank + i], strict=True):
             if not (no_gradient_or_zero(g) if want is None else same(g, want)):
                 backward.append(f"{where}: expert {2 * rank + i}'s gradient differs from one "
                                 "process's (or none)")
                 break
     traffic = []
-    kinds = {op for op, *_ in mine["collectives"]}
+    kinds = {op for op, *_ in forward["collectives"]}
     if kinds - ALL_TO_ALL:
         traffic.append(f"{where}: {sorted(kinds - ALL_TO_ALL)[0]} in the forward: only "
                        "all-to-all moves tokens to their experts")
-    shares = lesson10_tokens(case, world)
+    shares = [lesson10_share(case, world, r) for r in range(world)]  # the ids: no secret
     d_in, d_out = shares[0][0].shape[1], shares[0][2].shape[1]
     here = range(2 * rank, 2 * rank + 2)
     arriving = sum(int(sum((ids == e).sum() for e in here)) for _, ids, _ in shares)
     mine_count = len(shares[rank][0])
-    # The rows that must move, whichever side of each exchange the record counts (the c10d
-    # operators note their output, the functional ones their input), and the counts
+    # The rows that must move (the relay counts what each rank hands it: its rows out, then
+    # its experts' results back; at most the larger of either way round), and the counts
     # (integers, or floats: at most one per expert and rank).
     need = 4 * max(arriving * d_in + mine_count * d_out, mine_count * d_in + arriving * d_out)
-    float_bytes = sum(nbytes for _, numel, nbytes, _ in mine["collectives"]
+    float_bytes = sum(nbytes for _, numel, nbytes, *_ in forward["collectives"]
                       if numel and nbytes == 4 * numel)
     if float_bytes > need + 4 * 2 * world * world:
         traffic.append(f"{where}: {float_bytes} bytes of rows exchanged where {need} must move")
@@ -417,11 +460,11 @@ def judge_moe(case, sub_groups=False):
     def judge(seen):
         world, out, back, traffic, structure = len(seen), [], [], [], []
         for rank, mine in enumerate(seen):
-            r, w, where = rank, world, f"rank {rank}"
+            r, members, where = rank, list(range(world)), f"rank {rank}"
             if sub_groups:
-                ranks = lesson10_sub_groups(world)[0 if rank == 0 else 1]
-                r, w, where = ranks.index(rank), len(ranks), f"rank {rank} (group {ranks})"
-            a, b, c, d = moe_problems(mine, case, r, w, where)
+                members = lesson10_sub_groups(world)[0 if rank == 0 else 1]
+                r, where = members.index(rank), f"rank {rank} (group {members})"
+            a, b, c, d = moe_problems(mine, case, r, members, where)
             out, back, traffic, structure = out + a, back + b, traffic + c, structure + d
         return out, back, traffic, structure
     return judge_once(judge)
@@ -438,8 +481,8 @@ def judge_moe_refused(seen):
             if not tried["raised"]:
                 problems.append(f"rank {rank}: {what} was not refused with a ValueError")
             elif tried["collectives"]:
-                problems.append(f"rank {rank}: {tried['collectives']} collective(s) before "
-                                f"refusing {what}")
+                problems.append(f"rank {rank}: {len(tried['collectives'])} collective(s) "
+                                f"before refusing {what}")
     return problems, ""
 
 

@@ -116,33 +116,36 @@ def test_every_cheat_scores_its_honest_score_and_touches_no_one(tmp_path):
         "a submission folder changed"
 
 
-RELAYED = CHEATS / "lesson4"
+RELAYED = {4: (CHEATS / "lesson4", 42), 10: (CHEATS / "lesson10", 28)}  # lesson: (cheats, full)
 
 
 @pytest.mark.slow
 @pytest.mark.grading_heavy
 @pytest.mark.timeout(600)
+@pytest.mark.parametrize("lesson", sorted(RELAYED))
 @pytest.mark.parametrize("root", [pytest.param(True, marks=needs_root), False],
                          ids=["as root", "without root"])
-def test_what_a_rank_does_beside_the_relay_buys_nothing(tmp_path, root):
+def test_what_a_rank_does_beside_the_relay_buys_nothing(tmp_path, root, lesson):
     """Class 9: the mechanism seen from outside (ddpcourse/course/relay.py). Each cheat is
-    lesson 4's reference with ring_all_reduce replaced: numbers passed between its own ranks
-    through what a machine shares beside decoy messages, inputs predicted instead of received,
-    a ready-made collective by every road. Each scores its honest score (the ring's one
-    world-of-one point of 10), the reference full marks: as root (every rank a sandbox of its
-    own) and without (every rank in namespaces of its own inside a user namespace)."""
-    reference = (ROOT / "solutions" / "lesson4" / "exercises.py").read_text()
+    the lesson's reference with one exercise replaced: numbers passed between its own ranks
+    through what a machine shares beside decoy messages of the right peers and sizes, inputs
+    predicted instead of received, a ready-made collective by every road. Each scores its
+    honest score (what its exercise earns without the cheat's help), the reference full
+    marks: as root (every rank a sandbox of its own) and without (every rank in namespaces
+    of its own inside a user namespace)."""
+    cheats, full = RELAYED[lesson]
+    reference = (ROOT / "solutions" / f"lesson{lesson}" / "exercises.py").read_text()
     klass = tmp_path / "class"
-    honest = {"zzz_solution": 42}
-    (klass / "zzz_solution" / "lesson4").mkdir(parents=True)
-    (klass / "zzz_solution" / "lesson4" / "exercises.py").write_text(reference)
-    for cheat in sorted(RELAYED.glob("*.py")):
+    honest = {"zzz_solution": full}
+    (klass / "zzz_solution" / f"lesson{lesson}").mkdir(parents=True)
+    (klass / "zzz_solution" / f"lesson{lesson}" / "exercises.py").write_text(reference)
+    for cheat in sorted(cheats.glob("*.py")):
         text = cheat.read_text()
         honest[cheat.stem] = int(HONEST.search(text).group(1))
-        (klass / cheat.stem / "lesson4").mkdir(parents=True)
-        (klass / cheat.stem / "lesson4" / "exercises.py").write_text(
+        (klass / cheat.stem / f"lesson{lesson}").mkdir(parents=True)
+        (klass / cheat.stem / f"lesson{lesson}" / "exercises.py").write_text(
             reference + "\n\n# --- the cheat\n" + text)
-    students = grade_class_of(4, klass, tmp_path / "grades", timeout=540,
+    students = grade_class_of(lesson, klass, tmp_path / "grades", timeout=540,
                               env=None if root else {"COURSE_SANDBOX_NO_ROOT": "1"})
     wrong = {name: (row["total"], row["status"]) for name, row in students.items()
              if row["total"] != honest[name] or row["status"] != "graded"}
@@ -152,7 +155,8 @@ def test_what_a_rank_does_beside_the_relay_buys_nothing(tmp_path, root):
 
 @needs_root
 def test_every_cheat_says_its_class_and_honest_score():
-    cheats = [*CHEATS.glob("*.py"), *RELAYED.glob("*.py")]
+    cheats = [*CHEATS.glob("*.py"), *(p for folder, _ in RELAYED.values()
+                                      for p in folder.glob("*.py"))]
     for cheat in sorted(cheats):
         text = cheat.read_text()
         assert re.match(r'"""class \d, ', text) and HONEST.search(text), cheat.name

@@ -318,3 +318,60 @@ def observe_each_submission(lesson: int, checks: dict, timeout: timedelta,
         select_submission(submission, store, tag=str(i))
         write_observations(observe(store, str(i), lesson, args.checks, timeout, index=i,
                                    graded_with=graded_with), i)
+
+
+# --- relayed ranks (ddpcourse/course/relay.py) ---------------------------------------------------
+
+ALARM_S = 30       # a Python-level endless loop in a relayed check
+SECRET = 0         # this rank's, from the relay: a relayed worker builds its inputs from it
+_cases = iter(range(10**6))
+
+
+def case() -> dict:
+    """A case begins: the relay files what this rank does from now on under its number, which
+    the judge finds in the observation (jobs.relayed_observations)."""
+    from ddpcourse.course import relay
+
+    number = next(_cases)
+    relay.note(case=number)
+    return {"case": number}
+
+
+def observe_within_alarm(fn, ex) -> dict:
+    import signal
+
+    def alarm(signum, frame):
+        raise TimeoutError(f"still running after {ALARM_S} s")
+
+    previous = signal.signal(signal.SIGALRM, alarm)
+    signal.alarm(ALARM_S)
+    try:
+        try:
+            return {"data": as_data(fn(ex))}
+        finally:  # at once: no alarm may interrupt the reporting below
+            signal.alarm(0)
+            signal.signal(signal.SIGALRM, previous)
+    except NotImplementedError:
+        return {"error": f"rank {RANK}: not implemented"}
+    except BaseException as error:  # the code under test may raise anything, even SystemExit
+        return {"error": f"rank {RANK}: {one_line(error)}"}
+
+
+def relayed_rank(lesson: int, checks: dict, description: str) -> None:
+    """The body of a relayed worker (`--check NAME`): join the relay (the default process
+    group; SECRET set), run check NAME of `checks` ({name: (observe(ex), group timeout)}) on
+    the submission, note what it returned to the relay, and end this rank."""
+    global SECRET
+    from ddpcourse.course import relay
+
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--check", required=True, choices=list(checks))
+    args = parser.parse_args()
+    observe, timeout = checks[args.check]
+    SECRET = relay.join(int(os.environ["COURSE_RELAY_FD"]), RANK, WORLD, timeout)["secret"]
+    ex, import_error = exercises_or_error(lesson)
+    mine = {"error": f"rank {RANK}: {import_error}"} if import_error else \
+        observe_within_alarm(observe, ex)
+    relay.note(observation=mine)
+    sys.stdout.flush()
+    os._exit(0)  # whatever the submission left running, this rank is done

@@ -12,37 +12,20 @@ case's start to the relay, which files what follows under it.
     python tests/grading/workers/lesson4_checks.py --check ring_allreduce   (as a relayed rank)
 """
 
-import argparse
-import os
-import signal
-import sys
 from datetime import timedelta
 
+import common
 import torch
 import torch.distributed as dist
-from common import RANK, WORLD, as_data, exercises_or_error, one_line
+from common import RANK, WORLD, case, relayed_rank
 from probes import lesson4_data
-
-from ddpcourse.course import relay
 
 GROUP_TIMEOUT = timedelta(seconds=10)   # a check's process group: a stuck call fails after this
 HANG_TIMEOUT = timedelta(seconds=4)     # the fix_hang check: a wrong fix must fail fast
-ALARM_S = 30                            # a Python-level endless loop in a check
-
-SECRET = 0                              # this rank's, from the relay (join)
-_cases = iter(range(10**6))
-
-
-def case() -> dict:
-    """A case begins: the relay files what this rank does from now on under its number,
-    which the judge finds in the observation."""
-    number = next(_cases)
-    relay.note(case=number)
-    return {"case": number}
 
 
 def data(seed, shape, dtype):
-    return lesson4_data(SECRET, seed, shape, dtype)
+    return lesson4_data(common.SECRET, seed, shape, dtype)
 
 
 def raised_value_error(call) -> bool:
@@ -176,38 +159,5 @@ CHECKS = {
 }
 
 
-def observe_within_alarm(fn, ex) -> dict:
-    def alarm(signum, frame):
-        raise TimeoutError(f"still running after {ALARM_S} s")
-
-    previous = signal.signal(signal.SIGALRM, alarm)
-    signal.alarm(ALARM_S)
-    try:
-        try:
-            return {"data": as_data(fn(ex))}
-        finally:  # at once: no alarm may interrupt the reporting below
-            signal.alarm(0)
-            signal.signal(signal.SIGALRM, previous)
-    except NotImplementedError:
-        return {"error": f"rank {RANK}: not implemented"}
-    except BaseException as error:  # the code under test may raise anything, even SystemExit
-        return {"error": f"rank {RANK}: {one_line(error)}"}
-
-
-def main():
-    global SECRET
-    parser = argparse.ArgumentParser(description="one lesson 4 grading check, as a relayed rank")
-    parser.add_argument("--check", required=True, choices=list(CHECKS))
-    args = parser.parse_args()
-    observe, timeout = CHECKS[args.check]
-    SECRET = relay.join(int(os.environ["COURSE_RELAY_FD"]), RANK, WORLD, timeout)["secret"]
-    ex, import_error = exercises_or_error(4)
-    mine = {"error": f"rank {RANK}: {import_error}"} if import_error else \
-        observe_within_alarm(observe, ex)
-    relay.note(observation=mine)
-    sys.stdout.flush()
-    os._exit(0)  # whatever the submission left running, this rank is done
-
-
 if __name__ == "__main__":
-    main()
+    relayed_rank(4, CHECKS, "one lesson 4 grading check, as a relayed rank")
