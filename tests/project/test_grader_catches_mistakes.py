@@ -17,16 +17,13 @@ their own: ddpcourse/course/batched_jobs.py, which `make grade-class` uses too.
 
 import json
 import re
-import threading
-import warnings
 from concurrent.futures import ThreadPoolExecutor
-from datetime import timedelta
 
 import pytest
 import torch
 from util import PYTHON, ROOT, by_lesson, group_fails, run
 
-from ddpcourse.course.batched_jobs import grading_module, launch_jobs_for_all
+from ddpcourse.course.batched_jobs import launch_jobs_for_all
 from ddpcourse.course.grading import summarise
 from ddpcourse.course.lessons import exercise_markers
 from ddpcourse.course.sandbox_child import FORM_TRIES
@@ -165,81 +162,6 @@ def costs_only_its_exercise(lesson, tmp_path, which, every_exercise=True):
     by_exercise = mistakes(lesson, which)
     assert set(by_exercise) == exercises
     assert all(any(e < p for _, e, p in v) for v in by_exercise.values()), by_exercise
-
-
-def load_traffic():
-    return grading_module("workers/traffic.py")
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(60)
-def test_every_route_to_a_ready_made_collective_is_refused():
-    """Lesson 4's ban holds however a collective is reached: all of them end at torch's
-    dispatcher (or, for a backend's own methods, at the Python level)."""
-    import torch
-    import torch.distributed as dist
-    import torch.distributed._functional_collectives as funcol
-    import torch.distributed._functional_collectives_impl as funcol_impl
-    from torch.distributed.distributed_c10d import broadcast as bound_before
-
-    traffic = load_traffic()
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1,
-                            timeout=timedelta(seconds=10))
-    try:
-        world, x = dist.group.WORLD, torch.ones(3)
-
-        def in_a_thread(fn):
-            errors = []
-            thread = threading.Thread(target=lambda: errors.extend(catch(fn)))
-            thread.start()
-            thread.join()
-            if errors:
-                raise errors[0]
-
-        def catch(fn):
-            try:
-                fn()
-            except Exception as error:
-                return [error]
-            return []
-
-        def coalesced():
-            with dist.distributed_c10d._coalescing_manager():
-                dist.all_reduce(x)
-
-        routes = {
-            "dist.all_reduce": lambda: dist.all_reduce(x),
-            "a function imported before the ban": lambda: bound_before(x, 0),
-            "a ProcessGroup method": lambda: world.allreduce([x]).wait(),
-            "the c10d operator": lambda: torch.ops.c10d.allreduce_(
-                [x], world.boxed(), torch.classes.c10d.ReduceOp(), None, False),
-            "a backend's own method": lambda: world._get_backend(torch.device("cpu"))
-            .allreduce([x]).wait(),
-            "functional collectives": lambda: funcol.wait_tensor(
-                funcol.all_reduce(x, "sum", world)),
-            "their legacy implementation": lambda: funcol_impl._all_reduce(x, "sum", "", [0], 1),
-            "torch.ops._c10d_functional": lambda: torch.ops._c10d_functional.all_reduce_(
-                x, "sum", world.group_name),
-            "_coalescing_manager": coalesced,
-            "all_gather_object": lambda: dist.all_gather_object([None], 1),
-            "functional collectives in another thread": lambda: in_a_thread(
-                lambda: funcol.all_reduce(x, "sum", world)),
-        }
-        not_refused = []
-        for name, route in routes.items():
-            refused = []
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # deprecation notices of the old routes
-                with traffic.collectives_refused(refused):
-                    errors = catch(route)
-            if not (refused and errors and isinstance(errors[0], traffic.RefusedCollective)):
-                not_refused.append(f"{name}: {errors}")
-        assert not not_refused, not_refused
-        dist.all_reduce(x)  # and afterwards every collective works again
-        world._get_backend(torch.device("cpu")).allreduce([x]).wait()
-        assert x.tolist() == [1.0, 1.0, 1.0]
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.mark.slow

@@ -7,34 +7,26 @@ DDP's gradient hooks), it ends up calling one of torch's dispatcher operators in
 namespaces: c10d::allreduce_, c10d::send, _c10d_functional::all_reduce, ... So that is
 where the workers look:
 
-- Traffic(): records every such operator this thread calls (a message's peer and bytes;
-  a collective's elements, bytes and the ranks of the group it ran on);
-- collectives_refused(): every such operator except send, recv and barrier raises, in
-  every thread, until the block ends.
-
-The one route around the dispatcher, a backend's own methods
-(group._get_backend(device).allreduce(...)), is closed at the Python level.
+Traffic() records every such operator this thread calls (a message's peer and bytes; a
+collective's elements, bytes and the ranks of the group it ran on). A relayed job (lessons 4
+and 10) needs none of this: the relay sees and refuses every collective from outside the
+rank (ddpcourse/course/relay.py).
 """
 
 from __future__ import annotations
 
-import re
-from contextlib import contextmanager
 from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import Backend  # whose methods go around the dispatcher
 from torch.utils._python_dispatch import TorchDispatchMode  # sees every operator a thread runs
 
 NAMESPACES = ("c10d", "_c10d_functional", "c10d_functional", "_c10d_functional_autograd")
 MESSAGES = {"c10d::send": "send", "c10d::recv_": "recv", "c10d::recv_any_source_": "recv"}
-# Not collectives: they move no data, so the point-to-point exercises may use them.
+# Not collectives: they move no data.
 HARMLESS = {"c10d::barrier", "c10d::monitored_barrier_", "c10d::check_for_nan",
             "_c10d_functional::wait_tensor", "c10d_functional::wait_tensor",
             "_c10d_functional::_wrap_tensor_autograd"}
-BACKEND_METHODS = [name for name in vars(Backend) if re.search(
-    r"all_?reduce|gather|scatter|broadcast|^_?reduce|all_?to_?all|^send$|^recv", name)]
 
 
 class Message(NamedTuple):
@@ -115,42 +107,3 @@ class Traffic(TorchDispatchMode):
         return [m for m in self.messages if m.kind == "recv"]
 
 
-class RefusedCollective(Exception):
-    pass
-
-
-def describe(full_name: str) -> str:
-    namespace, _, op = full_name.partition("::")
-    if namespace == "c10d":
-        return f"a ready-made collective ({op.rstrip('_')})"
-    return f"torch's functional collective op {namespace}.{op}"
-
-
-@contextmanager
-def collectives_refused(refused: list[str]):
-    """Any collective raises RefusedCollective and is noted in `refused` (so code that catches
-    the error is still caught); send, recv and barrier work as usual."""
-    def refuse(what):
-        def kernel(*args, **kwargs):
-            refused.append(what)
-            raise RefusedCollective(f"{what} was called: build this one from send/recv")
-        return kernel
-
-    # A kernel registered for the CPU key takes the place of torch's own until it is
-    # removed again (Library._destroy), for every caller in the process.
-    libraries = {ns: torch.library.Library(ns, "IMPL") for ns in NAMESPACES}
-    for full_name in torch._C._dispatch_get_all_op_names():
-        namespace, _, op = full_name.partition("::")
-        if namespace in NAMESPACES and full_name not in MESSAGES and full_name not in HARMLESS:
-            libraries[namespace].impl(op, refuse(describe(full_name)), "CPU")
-    # vars(), not getattr: these are pybind11 methods, put back exactly as found.
-    saved = {name: vars(Backend)[name] for name in BACKEND_METHODS}
-    for name in saved:
-        setattr(Backend, name, refuse(f"a process group backend's own {name}"))
-    try:
-        yield
-    finally:
-        for library in libraries.values():
-            library._destroy()  # torch's own kernels back (the one way to remove ours)
-        for name, method in saved.items():
-            setattr(Backend, name, method)
