@@ -229,8 +229,8 @@ def with_traffic(value, record, named):
             out["refused"] = [f"a ready-made collective ({e['op']})" for e in events
                               if e["kind"] == "refused"]
         return out
-    if isinstance(value, list):
-        return [with_traffic(v, record, named) for v in value]
+    if isinstance(value, (list, tuple)):
+        return type(value)(with_traffic(v, record, named) for v in value)
     return value
 
 

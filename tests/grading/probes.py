@@ -529,6 +529,14 @@ def lesson8_zero_batch(step):
                                                                    generator=g)
 
 
+def lesson8_pipeline_batch(secret, micro, batch):
+    """A pipeline run's (inputs, labels), from a stage's secret (a relayed job's): stage 0
+    holds the inputs made from its own, stage 1 the labels made from its own, so each stage
+    needs what the other sends; the judge, which knows both secrets, builds the same."""
+    g = torch.Generator().manual_seed((secret * 1_000_003 + micro) % (2**63 - 1))
+    return torch.randn(batch, 10, generator=g), torch.randint(0, 5, (batch,), generator=g)
+
+
 def lesson8_stages():
     torch.manual_seed(1)
     first = nn.Sequential(nn.Linear(10, HIDDEN), nn.Tanh())

@@ -1,10 +1,13 @@
 """Grading tests for lesson 8. bytes_per_rank is called here against the ZeRO paper's figures,
-the arithmetic of every strategy and the edge inputs its docstring names; Zero1Optimizer and
-pipeline_step run in torchrun jobs of 2 and 3 processes (workers/lesson8_parallel.py), in the
-world and in sub-groups whose group ranks are not global ranks, which compare their results
-with one process and, for most of their points, watch their mechanism: the optimizer state
-each rank keeps and the bytes step() communicates; the messages between the pipeline's
-stages, and what it must refuse before it sends anything."""
+the arithmetic of every strategy and the edge inputs its docstring names. Zero1Optimizer
+runs in torchrun jobs of 2 and 3 processes (workers/lesson8_parallel.py) and pipeline_step
+in relayed jobs of 2 and 3 ranks (workers/lesson8_pipeline.py: every rank a sandbox of its
+own, the relay in this process the only road between them), in the world and in sub-groups
+whose group ranks are not global ranks. The results are compared with one process and, for
+most of the points, the mechanism is checked: the optimizer state each rank keeps and the
+bytes step() communicates (recorded inside the ranks); the messages between the pipeline's
+stages, their sizes and order, and what it must refuse before it sends anything (the
+relay's record)."""
 
 
 import math
@@ -12,19 +15,30 @@ import math
 import pytest
 import torch
 import torch.nn as nn
-from jobs import Job, graded, judge_once, judged, verdict
+from jobs import (
+    Job,
+    graded,
+    judge_once,
+    judged,
+    relayed,
+    relayed_observations,
+    verdict,
+    verdict_lines,
+)
 from probes import (
     HIDDEN,
     PIPELINE_RUNS,
     ZERO_STEPS,
     lesson8_idle_model,
+    lesson8_pipeline_batch,
     lesson8_stages,
     lesson8_zero_batch,
     lesson8_zero_model,
 )
 
-# world size -> its job
+# world size -> its torchrun job (Zero1Optimizer); pipeline_step's checks are relayed jobs
 JOBS = {w: Job(f"lesson8_W{w}", "lesson8_parallel.py", nproc=w) for w in (2, 3)}
+_secrets: list[int] = []  # the ranks' secrets of the relayed job being judged
 
 
 @pytest.fixture(scope="module")
@@ -168,23 +182,7 @@ def test_bad_input_is_refused(ex):
         assert "\n" not in str(refused.value).strip(), (args, kwargs, str(refused.value))
 
 
-# --- the two exercises that run in a real job --------------------------------------------
-
-def job(world_size):
-    """The lesson 8 job at `world_size`, judged here from what its ranks saw."""
-    return judged(JOBS[world_size], {
-        **{name: ("zero1", lambda seen, n=name: judge_zero1(seen)[n])
-           for name in ("zero1", "zero1_state", "zero1_balance", "zero1_gather")},
-        "zero1_group": ("zero1_group", judge_zero1_group),
-        "zero1_idle": ("zero1_idle", judge_zero1_idle),
-        **{name: ("pipeline", lambda seen, n=name: judge_pipeline(seen)[n])
-           for name in ("pipeline", "pipeline_messages", "pipeline_schedule")},
-        **{name: ("pipeline_refusals", lambda seen, n=name: judge_refusals(seen, n))
-           for name in ("pipeline_group_refused", "pipeline_split_refused")}},
-        summarise=summary)
-
-
-# --- the job's judges ------------------------------------------------------------------------
+# --- the jobs' judges ------------------------------------------------------------------------
 
 TOLERANCE = 1e-5
 OPTIMIZERS = [(torch.optim.SGD, {"lr": 0.1, "momentum": 0.9}, 1),   # (class, defaults,
@@ -431,8 +429,9 @@ def pipeline_result_problems(run, expected, loss, me, where):
 def pipeline_message_problems(run, micro, shape, me, where):
     problems = []
     if run["collectives"]:
-        problems.append(f"{where}: called {', '.join(run['collectives'])}; a pipeline only "
-                        "sends and receives")
+        called = sorted({c[0] for c in run["collectives"]})
+        problems.append(f"{where}: called {', '.join(called)}; a pipeline only sends and "
+                        "receives")
     size = math.prod(shape)
     sent = [m for m in run["messages"] if m[0] == "send"]
     received = [m for m in run["messages"] if m[0] == "recv"]
@@ -444,7 +443,7 @@ def pipeline_message_problems(run, micro, shape, me, where):
         found = ", ".join(f"{n} elements ({b} bytes)" for n, b in sizes)
         problems.append(f"{where}: messages of {found}; one micro-batch's float32 activation "
                         f"(and its gradient) is {size} elements ({4 * size} bytes)")
-    peers = {m[1] for m in sent} | {m[1] for m in received if m[1] is not None}
+    peers = {m[1] for m in sent} | {m[1] for m in received}
     if peers - {1 - me}:
         problems.append(f"{where}: messages with group ranks {sorted(peers, key=str)}; the "
                         f"other stage is group rank {1 - me}")
@@ -473,9 +472,12 @@ def judge_pipeline(seen):
     for rank in members:
         me = members.index(rank)
         for (micro, batch), run in zip(PIPELINE_RUNS, seen[rank], strict=True):
-            g = torch.Generator().manual_seed(micro)
-            x, y = torch.randn(batch, 10, generator=g), torch.randint(0, 5, (batch,),
-                                                                     generator=g)
+            # The relay names peers by global rank: as group ranks, -1 outside the group.
+            run = dict(run, messages=[
+                (kind, members.index(peer) if peer in members else -1, numel, nbytes)
+                for kind, peer, numel, nbytes in run["messages"]])
+            x = lesson8_pipeline_batch(_secrets[members[0]], micro, batch)[0]
+            y = lesson8_pipeline_batch(_secrets[members[1]], micro, batch)[1]
             first, second = lesson8_stages()
             loss = nn.functional.cross_entropy(second(first(x)), y)
             loss.backward()
@@ -508,8 +510,8 @@ def judge_refusals(seen, verdict_name):
                 if outcome["one_line"] is not True:
                     problems.append(f"{who}: the ValueError says more than one line")
                 if outcome["messages"] or outcome["collectives"]:
-                    problems.append(f"{who}: {outcome['messages']} messages and "
-                                    f"{outcome['collectives']} collectives before the "
+                    problems.append(f"{who}: {len(outcome['messages'])} messages and "
+                                    f"{len(outcome['collectives'])} collectives before the "
                                     "ValueError; refuse before sending or receiving anything")
             elif raised == "RanTheStage":
                 problems.append(str(outcome["text"]))
@@ -521,8 +523,33 @@ def judge_refusals(seen, verdict_name):
 
 
 
+ZERO1_VERDICTS = {
+    **{name: ("zero1", lambda seen, n=name: judge_zero1(seen)[n])
+       for name in ("zero1", "zero1_state", "zero1_balance", "zero1_gather")},
+    "zero1_group": ("zero1_group", judge_zero1_group),
+    "zero1_idle": ("zero1_idle", judge_zero1_idle)}
+PIPELINE_VERDICTS = {
+    **{name: ("pipeline", lambda seen, n=name: judge_pipeline(seen)[n])
+       for name in ("pipeline", "pipeline_messages", "pipeline_schedule")},
+    **{name: ("pipeline_refusals", lambda seen, n=name: judge_refusals(seen, n))
+       for name in ("pipeline_group_refused", "pipeline_split_refused")}}
+
+
+def report(world_size, name):
+    """The report holding verdict `name` at `world_size`: Zero1Optimizer's from the torchrun
+    job, pipeline_step's from the relayed job of its check (launched once each), judged here
+    from what the ranks, or the relay, saw."""
+    if name in ZERO1_VERDICTS:
+        return judged(JOBS[world_size], ZERO1_VERDICTS, summarise=summary)
+    check = PIPELINE_VERDICTS[name][0]
+    job = relayed("lesson8_pipeline.py", check, world_size)
+    _secrets[:] = job.secrets
+    return verdict_lines({check: relayed_observations(job)}, world_size,
+                         {name: PIPELINE_VERDICTS[name]}, summary)
+
+
 def assert_ok(world_size, name):
-    line = verdict(job(world_size), name)
+    line = verdict(report(world_size, name), name)
     assert line.startswith(f"{name}: ok on {world_size} ranks"), line
 
 

@@ -1,5 +1,5 @@
 """Run under torchrun by the lesson 8 grading tests, in the submission's sandbox:
-Zero1Optimizer and pipeline_step in a real job, with every collective and message the graded
+Zero1Optimizer in a real job, with every collective and message the graded
 code starts recorded (traffic.py). Each rank reports what it saw (parameters, gradients, the
 optimizers the code made and what they hold, the traffic of each step, what each refusal
 raised); tests/grading/test_lesson8.py computes the references and decides the verdicts below.
@@ -24,43 +24,26 @@ once Adam:
                  the parameters still end right everywhere, and step() moves what zero1_gather
                  allows.
 
-pipeline_step: a small model is cut into two stages; group ranks 0 and 1 of a two-rank
-group run them (the world at W = 2; the group of global ranks 1 and 2 at W = 3, where rank
-0 looks on), with 3 and then 4 micro-batches, onto gradients already there.
-  pipeline           each stage's gradients (plus what was there) equal the unsplit model's
-                     on the whole batch, and stage 1 returns the whole batch's loss;
-  pipeline_messages  each stage sent M messages and received M, each one micro-batch's
-                     float32 activation (elements and bytes), all with the other stage; no
-                     collective;
-  pipeline_schedule  all forwards, then all backwards: the M activations cross before the
-                     first gradient does.
-  pipeline_group_refused  a group of one (every rank), and at W = 3 the world of three: a
-                     one-line ValueError before the stage runs or any message is tried;
-  pipeline_split_refused  the same for a batch of 10 in 3 micro-batches and for 0.
+pipeline_step runs in relayed jobs of its own: workers/lesson8_pipeline.py.
 
 Each check runs in a process group of its own (common.py); rank 0 writes every rank's
 observations for the judge. --submissions A,B,... grades several submission folders.
 """
 
-import gc
 import importlib
-import weakref
 from contextlib import contextmanager
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from common import RANK, WORLD, observe_each_submission, one_line
+from common import RANK, WORLD, observe_each_submission
 from probes import (
-    HIDDEN,
-    PIPELINE_RUNS,
     ZERO_BATCH,
     ZERO_STEPS,
     lesson8_idle_model,
     lesson8_zero_batch,
 )
-from probes import lesson8_stages as stages
 from probes import lesson8_zero_model as zero_model
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -249,115 +232,10 @@ def observe_zero1_idle(ex):
             "steps": [step_traffic(seen) for seen in steps]}
 
 
-# --- l8_pipeline_step ----------------------------------------------------------------------
-
-PIPELINE_GROUP = [0, 1] if WORLD == 2 else [1, 2]   # global ranks of the two stages
-
-
-def returned_facts(returned) -> dict:
-    if returned is None:
-        return {"kind": "None"}
-    if not torch.is_tensor(returned):
-        return {"kind": type(returned).__name__, "shown": f"{returned!r:.60}"}
-    return {"kind": "tensor", "dim": returned.dim(), "shown": f"{returned!r:.60}",
-            "graph": returned.grad_fn is not None or returned.requires_grad,
-            "value": returned.detach().reshape(-1)[:1].clone()}
-
-
-def observe_pipeline(ex):
-    members = PIPELINE_GROUP
-    group = None if WORLD == 2 else dist.new_group(members, timeout=GROUP_TIMEOUT)
-    if RANK not in members:
-        return None
-    me = members.index(RANK)
-    runs = []
-    for micro, batch in PIPELINE_RUNS:
-        g = torch.Generator().manual_seed(micro)
-        x, y = torch.randn(batch, 10, generator=g), torch.randint(0, 5, (batch,), generator=g)
-        stage = stages()[me]
-        for p in stage.parameters():
-            p.grad = torch.full_like(p, 0.5)  # gradients already there: a step adds to them
-        shape = (batch // micro, HIDDEN)
-        with Traffic() as seen:
-            returned = ex.pipeline_step(stage, (x, y)[me], micro, shape, group=group)
-        runs.append({"grads": [p.grad for p in stage.parameters()],
-                     "returned": returned_facts(returned),
-                     "messages": [tuple(m) for m in seen.messages],
-                     "collectives": sorted({c.op for c in seen.collectives})})
-    return runs
-
-
-class RanTheStage(Exception):
-    """Raised by a stage that pipeline_step should have refused to run."""
-
-
-def observe_pipeline_refusals(ex):
-    """pipeline_step handed what it must refuse: every rank in a group of one; at W = 3 a
-    group of all three; in PIPELINE_GROUP, a batch of 10 in 3 micro-batches and a batch of
-    8 in 0. Every rank takes part in making every group, in one order. A rank destroys a
-    case's group, and lets go of it, as soon as it is done with it: that closes its
-    connections, so code that did not refuse and waits for a message from it fails at
-    once instead of waiting out the timeout. [(verdict, what happened)] on this rank."""
-    cases = [("pipeline_group_refused", [r], 8, 2, "in a group of one") for r in range(WORLD)]
-    cases += [("pipeline_split_refused", PIPELINE_GROUP, 10, 3,
-               "a batch of 10 in 3 micro-batches"),
-              ("pipeline_split_refused", PIPELINE_GROUP, 8, 0, "a batch of 8 in 0 micro-batches")]
-    if WORLD != 2:
-        cases.append(("pipeline_group_refused", list(range(WORLD)), 8, 2,
-                      f"in a group of {WORLD}"))
-    made = [dist.new_group(ranks, timeout=GROUP_TIMEOUT) for _, ranks, *_ in cases]
-    # Every rank has connected every group before any rank destroys one: a rank whose peer
-    # closed a group it was still connecting failed in gloo's connectFullMesh ("Connection
-    # closed by peer", seen in make test), before any of the submission's code ran.
-    dist.barrier()
-    outcomes = []
-    for i, (verdict, ranks, batch_len, micro, case) in enumerate(cases):
-        group, made[i] = made[i], None
-        if RANK not in ranks:
-            continue
-        me = min(ranks.index(RANK), 1)  # in a group of three, ranks 1 and 2 hold stage 1
-        outcomes.append((verdict, refusal_outcome(ex, me, group, batch_len, micro, case)))
-        dist.destroy_process_group(group)
-        still_held = weakref.ref(group)
-        del group  # the last reference: its connections close
-        if still_held() is not None:  # held in a cycle (a traceback's frames, say)
-            gc.collect()
-    return outcomes
-
-
-def refusal_outcome(ex, me, group, batch_len, micro, case):
-    """What pipeline_step as stage `me` did with arguments it must refuse (a one-line
-    ValueError before it runs the stage or sends or receives anything)."""
-    def must_not_run(module, args):
-        raise RanTheStage(f"rank {RANK}, {case}: the stage ran; pipeline_step must refuse "
-                          "its arguments before it runs anything")
-
-    stage = stages()[me]
-    stage.register_forward_pre_hook(must_not_run)
-    g = torch.Generator().manual_seed(batch_len)
-    batch = (torch.randn(batch_len, 10, generator=g) if me == 0
-             else torch.randint(0, 5, (batch_len,), generator=g))
-    shape = (batch_len // max(micro, 1), HIDDEN)
-    who = f"rank {RANK}, stage {me}, {case}"
-    seen = Traffic()
-    try:
-        with seen:
-            ex.pipeline_step(stage, batch, micro, shape, group=group)
-    except ValueError as error:
-        return {"who": who, "raised": "ValueError", "one_line": "\n" not in str(error).strip(),
-                "messages": len(seen.messages), "collectives": len(seen.collectives)}
-    except RanTheStage as error:
-        return {"who": who, "raised": "RanTheStage", "text": str(error)}
-    except Exception as error:  # the graded code ran: anything may come out
-        return {"who": who, "raised": "other", "text": one_line(error)}
-    return {"who": who, "raised": None}
-
-
 # --- the job -------------------------------------------------------------------------------
 
 CHECKS = {"zero1": observe_zero1, "zero1_group": observe_zero1_group,
-          "zero1_idle": observe_zero1_idle, "pipeline": observe_pipeline,
-          "pipeline_refusals": observe_pipeline_refusals}
+          "zero1_idle": observe_zero1_idle}
 
 
 if __name__ == "__main__":
