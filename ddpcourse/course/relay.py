@@ -151,6 +151,14 @@ class RelayWork(dist.Work):
     def is_completed(self):
         return self.done
 
+    def get_future(self):
+        """DDP's reducer chains on a work's future: the relay's answer is waited for here, so
+        the future comes back done, holding the outputs."""
+        self.wait()
+        future = torch.futures.Future()
+        future.set_result(list(self.outputs))
+        return future
+
     def _source_rank(self):
         return self.source
 

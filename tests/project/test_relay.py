@@ -176,6 +176,34 @@ def test_the_relay_records_each_message_it_carried():
         assert received["digest"] == relay.digest(torch.tensor([float((rank - 1) % 3)] * 4))
 
 
+def ddp_step(rank, world):
+    """One backward of a DDP model over the relay, a different batch per rank."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.manual_seed(0)
+    model = DDP(torch.nn.Linear(4, 2))
+    model(torch.arange(12.0).reshape(3, 4) * (rank + 1)).sum().backward()
+    return [p.grad for p in model.parameters()]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("world", [1, 3])
+def test_ddp_trains_over_the_relay_as_one_process_would(world):
+    """DDP's reducer reaches the relay too (its gradients' all-reduce is the relay's):
+    every rank ends with the mean of the ranks' gradients."""
+    hub, codes = run_ranks(world, ddp_step)
+    assert codes == [0] * world
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    for rank in range(world):
+        model(torch.arange(12.0).reshape(3, 4) * (rank + 1)).sum().backward()
+    want = [p.grad / world for p in model.parameters()]
+    for rank, got in enumerate(results(hub)):
+        assert all(torch.allclose(g, w) for g, w in zip(got, want, strict=True)), (rank, got)
+        assert any(e["kind"] == "collective" and e["op"] == "allreduce"
+                   for e in hub.record[rank]), hub.record[rank]
+
+
 def every_route(rank, world):
     """Each road to a ready-made all-reduce, tried; what each raised."""
     import threading
