@@ -136,27 +136,40 @@ class RelayWork(dist.Work):
             connection, ident, outputs, timeout
         self.source = -1
         self.done = connection is None  # None: nothing to wait for (a send, buffered)
+        self.lock = threading.Lock()  # wait() and a future's thread: one reads the answer
 
     def wait(self, timeout=None):
-        if not self.done:
-            asked = timeout.total_seconds() if isinstance(timeout, timedelta) else 0
-            reply = self.connection.wait(self.ident, min(asked, self.seconds) if asked > 0
-                                         else self.seconds)
-            for out, got in zip(self.outputs, reply.get("tensors", []), strict=False):
-                out.copy_(got)
-            self.source = reply.get("from", -1)
-            self.done = True
+        asked = timeout.total_seconds() if isinstance(timeout, timedelta) else 0
+        self._complete(min(asked, self.seconds) if asked > 0 else self.seconds)
         return True
+
+    def _complete(self, seconds: float) -> None:
+        with self.lock:
+            if not self.done:
+                reply = self.connection.wait(self.ident, seconds)
+                for out, got in zip(self.outputs, reply.get("tensors", []), strict=False):
+                    out.copy_(got)
+                self.source = reply.get("from", -1)
+                self.done = True
 
     def is_completed(self):
         return self.done
 
     def get_future(self):
-        """DDP's reducer chains on a work's future: the relay's answer is waited for here, so
-        the future comes back done, holding the outputs."""
-        self.wait()
+        """A future done when the relay answers (DDP's reducer and communication hooks chain
+        on it), completed by a thread of its own, so that asking for it waits for nothing."""
         future = torch.futures.Future()
-        future.set_result(list(self.outputs))
+
+        def complete():
+            try:
+                self._complete(self.seconds)
+                future.set_result(list(self.outputs))
+            except Exception as error:  # noqa: BLE001  the relay's refusal, a rank gone
+                future.set_exception(error)
+        if self.done:
+            complete()
+        else:
+            threading.Thread(target=complete, daemon=True).start()
         return future
 
     def _source_rank(self):

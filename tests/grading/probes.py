@@ -108,11 +108,19 @@ def train_ddp_once(ex, x, y):
 
 # --- lesson 4 --------------------------------------------------------------------------------
 
+def secret_generator(secret, *salt):
+    """A generator only the rank given `secret` (by the relay) and the judge can seed."""
+    seed = secret
+    for part in salt:
+        seed = seed * 1_000_003 + part
+    return torch.Generator().manual_seed(seed % (2**63 - 1))
+
+
 def lesson4_data(secret: int, seed: int, shape, dtype):
     """A rank's input for case `seed` of a lesson 4 check, from the secret the relay gave that
     rank alone (ddpcourse/course/relay.py): the judge, which knows every rank's secret,
     builds the same; another rank cannot."""
-    g = torch.Generator().manual_seed((secret * 1_000_003 + seed) % (2**63 - 1))
+    g = secret_generator(secret, seed)
     if dtype.is_floating_point:
         return torch.randn(shape, generator=g).to(dtype)
     return torch.randint(-50, 50, shape, generator=g, dtype=dtype)
@@ -389,17 +397,27 @@ def batch_of_channels(shape, eps, generator):
     return x
 
 
-def sync_bn_inputs(call, ranks, rank, generator):
+def sync_bn_inputs(call, ranks, rank, generator, secrets, index):
     """One sync_batch_norm call's batch over a group, as the job and the judge both build it:
-    (x for the whole group, dy, weight, bias, this rank's rows lo:hi)."""
+    (x for the whole group, dy, weight, bias, this rank's rows lo:hi). Member m's rows come
+    from its secret (secrets[m]; a rank knows only its own, so the others' rows are zeros
+    there), the weight and bias from `generator`; `index` numbers the call among the check's."""
     sizes, extra, _, eps = call
-    shape = (sum(sizes), CHANNELS, *extra)
-    x_all = batch_of_channels(shape, eps, generator)
-    dy_all = torch.randn(shape, generator=generator)
     weight0 = torch.rand(CHANNELS, generator=generator) + 0.5
     bias0 = torch.randn(CHANNELS, generator=generator)
+    xs, dys = [], []
+    for m, size in zip(ranks, sizes, strict=True):
+        shape = (size, CHANNELS, *extra)
+        if secrets.get(m) is None:
+            xs.append(torch.zeros(shape))
+            dys.append(torch.zeros(shape))
+            continue
+        g = secret_generator(secrets[m], index)
+        xs.append(batch_of_channels(shape, eps, g))
+        dys.append(torch.randn(shape, generator=g))
     position = ranks.index(rank)
-    return x_all, dy_all, weight0, bias0, sum(sizes[:position]), sum(sizes[:position + 1])
+    return torch.cat(xs), torch.cat(dys), weight0, bias0, sum(sizes[:position]), \
+        sum(sizes[:position + 1])
 
 
 def WORLD_SYNC_BN_CALLS(world):  # noqa: N802 (a table, as it was)
@@ -413,15 +431,17 @@ def sync_bn_group_calls(ranks_in_group):
     return [([4 + 2 * i for i in range(ranks_in_group)], (3,), 0.2, 1e-4)]
 
 
-def lesson7_step_data(step, group_ranks, rank):
-    """A rank's batch for a bucketed step: different data, even a different size, per rank."""
-    g = torch.Generator().manual_seed(1000 * step + rank)
+def lesson7_step_data(step, group_ranks, rank, secret):
+    """A rank's batch for a bucketed step, from its secret: different data, even a different
+    size, per rank."""
+    g = secret_generator(secret, step)
     n = 5 + group_ranks.index(rank)
     return torch.randn(n, 8, generator=g), torch.randint(0, 4, (n,), generator=g)
 
 
-def lesson7_micro_batches(step, rank, k=3, micro=4):
-    g = torch.Generator().manual_seed(100 * step + rank)
+def lesson7_micro_batches(step, secret, k=3, micro=4):
+    """A rank's K micro-batches for an accumulation step, from its secret."""
+    g = secret_generator(secret, 100 + step)
     return [(torch.randn(micro, 10, generator=g), torch.randint(0, 3, (micro,), generator=g))
             for _ in range(k)]
 
@@ -533,7 +553,7 @@ def lesson8_pipeline_batch(secret, micro, batch):
     """A pipeline run's (inputs, labels), from a stage's secret (a relayed job's): stage 0
     holds the inputs made from its own, stage 1 the labels made from its own, so each stage
     needs what the other sends; the judge, which knows both secrets, builds the same."""
-    g = torch.Generator().manual_seed((secret * 1_000_003 + micro) % (2**63 - 1))
+    g = secret_generator(secret, micro)
     return torch.randn(batch, 10, generator=g), torch.randint(0, 5, (batch,), generator=g)
 
 
@@ -741,7 +761,7 @@ def lesson10_attention(case, world, secrets=None):
 
 def lesson10_attention_block(case, secret):
     """A relayed rank's own (Q, K, V) block, from the secret the relay gave it alone."""
-    g = torch.Generator().manual_seed((secret * 1_000_003 + sum(map(ord, case))) % (2**63 - 1))
+    g = secret_generator(secret, sum(map(ord, case)))
     return _attention_inputs(case, LESSON10_BLOCK, g)
 
 
@@ -786,8 +806,7 @@ def lesson10_share(case, world, rank, secret=None):
     else:
         ids = torch.randint(0, experts - 1, (count,), generator=g)
         ids = torch.where(ids == 1, experts - 1, ids)
-    own = g if secret is None else \
-        torch.Generator().manual_seed((secret * 1_000_003 + len(case)) % (2**63 - 1))
+    own = g if secret is None else secret_generator(secret, len(case))
     return (torch.randn(count, d_in, generator=own), ids.long(),
             torch.randn(count, d_out, generator=own))
 

@@ -6,8 +6,11 @@ batch together (with channels where the place of eps shows), and by what it comm
 (the statistics, never the batch, only within the group given); accumulation_step against
 one process on the big batch, by which forwards run outside no_sync (a stand-in for DDP, in
 this process), by the gradient values the real DDP all-reduces per optimizer step, and by
-the loss it returns. The checks that need several ranks run in one torchrun job per world
-size (workers/lesson7_checks.py), in the world group and in sub-groups of it."""
+the loss it returns. The checks that need several ranks run at 2 and 3 ranks as relayed jobs,
+one per check (workers/lesson7_checks.py: every rank a sandbox of its own, its data from a
+secret of its own, the relay in this process the only road between them), in the world group
+and in sub-groups of it: every collective's bytes and group are the relay's record; when each
+all-reduce started and what waited, inside one rank's backward, the rank's."""
 
 
 import re
@@ -16,7 +19,14 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from jobs import Job, graded, judge_once, judged, verdict
+from jobs import (
+    graded,
+    judge_once,
+    relayed,
+    relayed_observations,
+    verdict,
+    verdict_lines,
+)
 from probes import (
     CHANNELS,
     CONFIGS,
@@ -33,8 +43,9 @@ from probes import (
     sync_bn_inputs,
 )
 
-# world size -> its job
-JOBS = {w: Job(f"lesson7_W{w}", "lesson7_checks.py", nproc=w) for w in (2, 3)}
+JOBS = {}  # no torchrun job: every check is a relayed job of its own (report below)
+WORLDS = (2, 3)
+_secrets: list[int] = []  # the ranks' secrets of the job being judged
 
 
 @pytest.fixture(scope="module")
@@ -58,17 +69,22 @@ def once(check):
     return run
 
 
-def job(world_size):
-    """The lesson 7 job at `world_size`, judged here from what its ranks saw."""
-    return judged(JOBS[world_size], {
+def report(world_size, name):
+    """The report of verdict `name` on the relayed job of its check at `world_size` ranks
+    (launched once, shared by the verdicts of that check), judged here."""
+    verdicts = {
         **{name: ("bucketed", lambda seen, n=name: judge_bucketed(seen)[n])
            for name in ("bucketed_result", "bucketed_buckets", "bucketed_overlap")},
         **{name: ("sync_bn", lambda seen, n=name: judge_sync_bn(seen)[n])
            for name in ("sync_bn_forward", "sync_bn_backward", "sync_bn_running",
                         "sync_bn_traffic")},
         **{name: ("accumulate", lambda seen, n=name: judge_accumulate(seen)[n])
-           for name in ("accumulate_result", "accumulate_allreduce", "accumulate_loss")}},
-        summarise=summary)
+           for name in ("accumulate_result", "accumulate_allreduce", "accumulate_loss")}}
+    check = verdicts[name][0]
+    job = relayed("lesson7_checks.py", check, world_size)
+    _secrets[:] = job.secrets
+    return verdict_lines({check: relayed_observations(job)}, world_size,
+                         {name: verdicts[name]}, summary)
 
 
 # --- the job's judges ------------------------------------------------------------------------
@@ -96,10 +112,10 @@ def group_of(rank, world):
 
 
 def outside_the_group(collectives, ranks) -> list[str]:
-    """The collectives (op, values, bytes, group ranks) that ran on another group than
-    `ranks` (None: not known, not held against the code)."""
-    return sorted({f"{op} on ranks {list(on)}" for op, _, _, on in collectives
-                   if on is not None and list(on) != list(ranks)})
+    """The collectives (op, values, bytes, group ranks, ...) the relay saw run on another
+    group than `ranks`."""
+    return sorted({f"{op} on ranks {list(on)}" for op, _, _, on, *_ in collectives
+                   if list(on) != list(ranks)})
 
 
 def ddp_gradients(frozen, group_ranks):
@@ -115,7 +131,7 @@ def ddp_gradients(frozen, group_ranks):
         total = None
         for rank in group_ranks:
             model.zero_grad()
-            x, y = lesson7_step_data(step, group_ranks, rank)
+            x, y = lesson7_step_data(step, group_ranks, rank, _secrets[rank])
             F.cross_entropy(model(x), y).backward()
             grads = [None if p.grad is None else p.grad.clone() for p in model.parameters()]
             total = grads if total is None else [
@@ -143,10 +159,10 @@ def expected_buckets(params, cap):
     return sorted(buckets)
 
 
-def bucket_problems(params, cap, where, ranks, launches):
-    collectives = [c for c, *_ in launches]
+def bucket_problems(params, cap, where, ranks, collectives):
+    """What is wrong with one step's collectives, as the relay saw them."""
     ops = {c[0] for c in collectives}
-    if ops - {"c10d::allreduce_"}:
+    if ops - {"allreduce"}:
         return [f"{where}: collectives other than all_reduce: {sorted(ops)}"]
     elsewhere = outside_the_group(collectives, ranks)
     if elsewhere:
@@ -164,10 +180,15 @@ def bucket_problems(params, cap, where, ranks, launches):
             + (f"; {too_big} bytes over the cap" if too_big else "")]
 
 
-def overlap_problems(where, launches, waits):
+def overlap_problems(where, launches, waits, relayed_count):
+    """launches: (phase, gradients still to come, async_op) of each all-reduce the rank
+    started, as it noted them; relayed_count: the all-reduces the relay saw that step."""
     if not launches:
         return [f"{where}: no all-reduce was started"]
-    late = [launch for launch in launches if launch[1] != "backward"]
+    if len(launches) != relayed_count:
+        return [f"{where}: the rank noted {len(launches)} all-reduces started; the relay "
+                f"carried {relayed_count}"]
+    late = [launch for launch in launches if launch[0] != "backward"]
     if late:
         return [f"{where}: {len(late)} of {len(launches)} all-reduces started after backward "
                 "(in finish), so none of the communication overlaps backward's computation"]
@@ -180,7 +201,7 @@ def overlap_problems(where, launches, waits):
         return [f"{where}: {waited} waits during backward (Work.wait or its future): the hooks "
                 "waited for their all-reduce, so backward stood still while it ran (wait in "
                 "finish)"]
-    early = sum(1 for _, _, pending, _ in launches if pending > 0)
+    early = sum(1 for _, pending, _ in launches if pending > 0)
     if early < len(launches) - 1:
         return [f"{where}: only {early} of {len(launches)} all-reduces started while "
                 "gradients were still to come: a bucket's all-reduce starts as soon as its "
@@ -223,9 +244,11 @@ def judge_bucketed(seen):
                         result.append(f"rank {rank}, cap {cap} bytes, step {step + 1}: the "
                                       f"gradient of {name} differs from DDP's{in_group}")
                         break
-                buckets += bucket_problems(params, cap, where, ranks, observed["launches"])
-                overlap += overlap_problems(where, observed["launches"], observed["waits"])
-                counts.append(len(observed["launches"]))
+                relayed_reduces = [c for c in observed["collectives"] if c[0] == "allreduce"]
+                buckets += bucket_problems(params, cap, where, ranks, observed["collectives"])
+                overlap += overlap_problems(where, observed["launches"], observed["waits"],
+                                            len(relayed_reduces))
+                counts.append(len(relayed_reduces))
         if result:  # the mechanism counts only with the right gradients
             buckets = overlap = [f"rank {rank}: the gradients are wrong (see bucketed_result)"]
         verdicts["bucketed_result"] += result[:1]
@@ -251,11 +274,13 @@ def close(got, want, **tolerance):
         torch.allclose(got, want, **tolerance)
 
 
-def sync_bn_call_problems(call, observed, rank, ranks, group_given, buffers, generator):
+def sync_bn_call_problems(call, observed, rank, ranks, group_given, buffers, generator,
+                          index):
     """The problems (forward, backward, traffic) of one call, against F.batch_norm in
-    float64 on the group's batches together."""
+    float64 on the group's batches together (built from every member's secret)."""
     _, _, momentum, eps = call
-    x_all, dy_all, weight0, bias0, lo, hi = sync_bn_inputs(call, ranks, rank, generator)
+    x_all, dy_all, weight0, bias0, lo, hi = sync_bn_inputs(
+        call, ranks, rank, generator, dict(enumerate(_secrets)), index)
     where = (f"rank {rank}, input {(hi - lo, *x_all.shape[1:])}, eps {eps:g}, "
              f"momentum {momentum:g}"
              + ("" if not group_given else f", in {group_name(ranks)}"))
@@ -288,7 +313,7 @@ def sync_bn_call_problems(call, observed, rank, ranks, group_given, buffers, gen
             break
     most = BYTES_PER_RANK * len(ranks)
     for part in ("forward", "backward"):
-        collectives = observed[part]
+        collectives = observed[part]["collectives"]
         sent = sum(c[2] for c in collectives)
         elsewhere = outside_the_group(collectives, ranks)
         if elsewhere:
@@ -310,6 +335,7 @@ def judge_sync_bn(seen):
     for rank, runs in enumerate(seen):
         forward, backward, running, traffic = [], [], [], []
         mine = group_of(rank, world)
+        index = 0  # the call's number among the check's: its data's salt
         for in_group, run in zip((False, True), runs, strict=True):
             ranks = mine if in_group else list(range(world))
             g = torch.Generator().manual_seed(11 + (ranks[0] if in_group else world))
@@ -318,7 +344,8 @@ def judge_sync_bn(seen):
                        torch.ones(CHANNELS, dtype=torch.float64))
             for call, observed in zip(calls, run["calls"], strict=True):
                 problems = sync_bn_call_problems(call, observed, rank, ranks, in_group,
-                                                 buffers, g)
+                                                 buffers, g, index)
+                index += 1
                 for got, verdict_list in zip(problems, (forward, backward, traffic),
                                              strict=True):
                     verdict_list += got
@@ -356,7 +383,8 @@ def judge_accumulate(seen):
     reference = lesson7_small_model()
     ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
     for step in range(OPT_STEPS):
-        pairs = [pair for r in range(world) for pair in lesson7_micro_batches(step, r)]
+        pairs = [pair for r in range(world)
+                 for pair in lesson7_micro_batches(step, _secrets[r])]
         x, y = torch.cat([p[0] for p in pairs]), torch.cat([p[1] for p in pairs])
         ref_opt.zero_grad()
         F.cross_entropy(reference(x), y).backward()
@@ -365,12 +393,13 @@ def judge_accumulate(seen):
     params = ref.numel()
     result, allreduce, losses, notes = [], [], [], []
     for rank, observed in enumerate(seen):
-        per_step = [step["allreduced"] for step in observed["steps"]]
+        per_step = [sum(c[1] for c in step["collectives"] if c[0] == "allreduce")
+                    for step in observed["steps"]]
         mine_losses = []
         for step, done in enumerate(observed["steps"]):
             start = lesson7_small_model()
             start.load_state_dict(done["start"])
-            want = judge_mean_loss(start, lesson7_micro_batches(step, rank))
+            want = judge_mean_loss(start, lesson7_micro_batches(step, _secrets[rank]))
             got = done["returned"]
             where = f"rank {rank}, step {step + 1}"
             if not isinstance(got, float):
@@ -411,7 +440,7 @@ def judge_accumulate(seen):
 
 
 def assert_ok(world_size, name):
-    line = verdict(job(world_size), name)
+    line = verdict(report(world_size, name), name)
     assert line.startswith(f"{name}: ok on {world_size} ranks"), line
 
 
@@ -650,7 +679,7 @@ def test_accumulation_returns_this_ranks_mean_loss(ex):
             assert got == pytest.approx(want, rel=1e-5, abs=1e-6), \
                 (f"K={k}, step {step + 1}: accumulation_step returned {got:.6f}; the mean "
                  f"loss of the K micro-batches, before the step, is {want:.6f}")
-    for world_size in JOBS:
+    for world_size in WORLDS:
         assert_ok(world_size, "accumulate_loss")
 
 

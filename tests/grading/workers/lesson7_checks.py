@@ -1,8 +1,12 @@
-"""Run under torchrun by the lesson 7 grading tests, in the submission's sandbox: runs the
-graded code in a real job and reports what it saw (gradients, outputs, buffers, parameters,
-and every collective with its bytes, group, phase and waits); tests/grading/test_lesson7.py
-computes the references (DDP's mean, BatchNorm on the group's batches, one process on the big
-batches) and decides each verdict below.
+"""Run by the lesson 7 grading tests as the ranks of a relayed job (W = 2 and 3): one check
+per job, each rank in a sandbox of its own whose only road to the others is the relay
+(ddpcourse/course/relay.py); tests/grading/test_lesson7.py computes the references (DDP's
+mean, BatchNorm on the group's batches, one process on the big batches) and decides each
+verdict below. Every rank's data come from a secret the relay gave it alone, so no rank can
+compute another's gradients or statistics: they must travel. A rank reports what the graded
+code left (gradients, outputs, buffers, parameters) and, for the overlap, when each
+all-reduce started and every wait (inside the rank: no one else can see its backward); every
+collective's bytes and group are the relay's record, one case per step or pass.
 
 Every check also runs in sub-groups: the ranks split into the even and the odd ones ({0}
 and {1} of 2: every rank in a group of one; {0, 2} and {1} of 3), each group running the
@@ -12,8 +16,8 @@ gets numbers mixed from both (and no rank waits for a group it is not in).
 bucketed: BucketedAllReduce averages the gradients of a plain model for two SGD steps, at
 two bucket caps in the world group and at one in each sub-group, next to DDP training a
 copy of the model on the same data. While it runs the worker notes every collective the
-rank starts (traffic.py's dispatch mode: its bytes and its group), when (during backward
-or in finish) and how many gradients were still to come then, and every wait for one.
+rank starts (at the relay group's methods, in the rank), when (during backward or in
+finish) and how many gradients were still to come then, and every wait for one.
   bucketed_result   after finish() the gradients equal DDP's (the mean over the group),
                     step after step;
   bucketed_buckets  one all-reduce per bucket per step, on the group given, of exactly
@@ -43,17 +47,19 @@ micro-batches per rank; the reference is one process on each step's big batch.
   accumulate_loss       each step returned this rank's mean of its K micro-batches'
                         losses, computed with the parameters the step started from.
 
-Each check runs in a process group of its own (common.py); rank 0 writes every rank's
-observations for the judge. --submissions A,B,... grades several submission folders.
+    python tests/grading/workers/lesson7_checks.py --check bucketed   (as a relayed rank)
 """
 
+import sys
 from contextlib import contextmanager
 from datetime import timedelta
 
+import common
 import torch
 import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
 import torch.nn.functional as F
-from common import RANK, WORLD, observe_each_submission
+from common import RANK, WORLD, case, relayed_rank
 from probes import (
     CHANNELS,
     CONFIGS,
@@ -68,9 +74,14 @@ from probes import (
     sync_bn_inputs,
 )
 from torch.nn.parallel import DistributedDataParallel as DDP
-from traffic import NAMESPACES, Traffic
 
-import ddpcourse.runtime  # noqa: F401  before init_process_group: see the comment there
+from ddpcourse.course.relay import RelayGroup, RelayWork
+
+# The relay group's methods that start a collective (all but send and recv; the others, as
+# allreduce_coalesced, call one of these).
+COLLECTIVE_METHODS = ("allreduce", "broadcast", "allgather",
+                      "_allgather_base", "reduce_scatter", "_reduce_scatter_base",
+                      "alltoall_base", "alltoall", "gather", "scatter", "reduce")
 
 GROUP_TIMEOUT = timedelta(seconds=30)
 torch.set_num_threads(1)
@@ -94,28 +105,39 @@ class Watch:
     def __init__(self):
         self.phase = None
         self.pending = 0
-        self.launches = []   # (Collective, phase, pending, async_op)
+        self.launches = []   # (phase, pending, async_op)
         self.waits = []      # phase of each Work.wait()
 
 
-class Launches(Traffic):
-    def __init__(self, watch):
-        super().__init__()
-        self.watch = watch
+@contextmanager
+def launches_noted(watch):
+    """Note every collective the rank starts: when (the phase), how many gradients were still
+    to come, and whether the caller waits for it at once (dist.all_reduce's async_op). Every
+    road to a collective ends at one of the relay group's methods in this process."""
+    def noting(real):
+        def start(self, *args, **kwargs):
+            asked = next((frame.f_locals.get("async_op") for frame in _callers()
+                          if frame.f_code.co_filename == c10d.__file__
+                          and "async_op" in frame.f_locals), True)
+            watch.launches.append((watch.phase, watch.pending, bool(asked)))
+            return real(self, *args, **kwargs)
+        return start
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func.namespace in NAMESPACES:
-            name = func._schema.name  # an operator's full name: only its schema has it
-            known = len(self.collectives)
-            result = super().__torch_dispatch__(func, types, args, kwargs)
-            if len(self.collectives) > known:  # a collective, not a wait or a barrier
-                # c10d passes async_op positionally when it is False and leaves it out when
-                # True (its default)
-                async_op = not (name == "c10d::allreduce_" and len(args) > 4 and not args[4])
-                w = self.watch
-                w.launches.append((self.collectives[-1], w.phase, w.pending, bool(async_op)))
-            return result
-        return func(*args, **(kwargs or {}))
+    saved = {name: vars(RelayGroup)[name] for name in COLLECTIVE_METHODS}
+    for name, real in saved.items():
+        setattr(RelayGroup, name, noting(real))
+    try:
+        yield
+    finally:
+        for name, real in saved.items():
+            setattr(RelayGroup, name, real)
+
+
+def _callers():
+    frame = sys._getframe(2)
+    while frame is not None:
+        yield frame
+        frame = frame.f_back
 
 
 @contextmanager
@@ -123,7 +145,8 @@ def waits_noted(watch):
     """Note the phase of every wait for a collective: Work.wait(), and a wait on its future
     (Work.get_future().wait(), torch.futures.wait_all), which blocks the same way."""
     patched = [(owner, name, vars(owner)[name]) for owner, name in
-               [(dist.Work, "wait"), (torch._C.Future, "wait"),  # the C++ future's own wait
+               [(dist.Work, "wait"), (RelayWork, "wait"),  # the relay's works wait in Python
+                (torch._C.Future, "wait"),  # the C++ future's own wait
                 (torch.futures.Future, "wait")]]
     real_wait_all = torch.futures.wait_all
 
@@ -144,11 +167,6 @@ def waits_noted(watch):
         torch.futures.wait_all = real_wait_all
 
 
-def collective(c):
-    """A collective the rank started, as data: (op, values, bytes, its group's ranks)."""
-    return (c.op, int(c.numel), int(c.nbytes), None if c.ranks is None else list(c.ranks))
-
-
 def run_bucketed(ex, cap, frozen, group, group_ranks):
     """Two SGD steps with the graded averager: per step the gradients after finish() and
     what the watch saw."""
@@ -166,20 +184,20 @@ def run_bucketed(ex, cap, frozen, group, group_ranks):
     opt_mine = torch.optim.SGD(mine.parameters(), lr=0.1, momentum=0.9)
     steps = []
     for step in range(STEPS):
-        x, y = lesson7_step_data(step, group_ranks, RANK)
+        x, y = lesson7_step_data(step, group_ranks, RANK, common.SECRET)
         opt_mine.zero_grad()
         loss = F.cross_entropy(mine(x), y)
         watch.launches, watch.waits, watch.pending = [], [], len(params)
-        with Launches(watch), waits_noted(watch):
+        seen = case()
+        with launches_noted(watch), waits_noted(watch):
             watch.phase = "backward"
             loss.backward()
             watch.phase = "finish"
             averager.finish()
             watch.phase = None
-        steps.append({"grads": [p.grad for p in mine.parameters()],
-                      "launches": [(collective(c), phase, pending, a)
-                                   for c, phase, pending, a in watch.launches],
-                      "waits": list(watch.waits)})
+        steps.append(dict(seen, grads=[p.grad for p in mine.parameters()],
+                          launches=list(watch.launches),
+                          waits=list(watch.waits)))
         opt_mine.step()
     return steps
 
@@ -194,34 +212,38 @@ def observe_bucketed(ex):
 
 # --- l7_sync_batchnorm --------------------------------------------------------------------
 
-def sync_bn_call(ex, call, group, ranks, buffers, generator):
-    """One call of the graded code on this rank's rows of a batch split over the group:
-    its output, gradients and collectives (the judge builds the same batch)."""
+def sync_bn_call(ex, call, group, ranks, buffers, generator, index):
+    """One call of the graded code on this rank's rows of a batch split over the group: its
+    output and gradients; the forward and the backward a case each (the judge builds the
+    same batch from every member's secret)."""
     _, _, momentum, eps = call
-    x_all, dy_all, weight0, bias0, lo, hi = sync_bn_inputs(call, ranks, RANK, generator)
+    x_all, dy_all, weight0, bias0, lo, hi = sync_bn_inputs(
+        call, ranks, RANK, generator, {RANK: common.SECRET}, index)
     mean_mine, var_mine = buffers
     x = x_all[lo:hi].clone().requires_grad_(True)
     w, b = weight0.clone().requires_grad_(True), bias0.clone().requires_grad_(True)
-    with Traffic() as seen_forward:
-        y = ex.sync_batch_norm(x, mean_mine, var_mine, w, b, momentum=momentum, eps=eps,
-                               group=group)
-    with Traffic() as seen_backward:
-        (y * dy_all[lo:hi]).sum().backward()
+    forward = case()
+    y = ex.sync_batch_norm(x, mean_mine, var_mine, w, b, momentum=momentum, eps=eps,
+                           group=group)
+    backward = case()
+    (y * dy_all[lo:hi]).sum().backward()
     return {"y": y, "x_grad": x.grad, "w_grad": w.grad, "b_grad": b.grad,
-            "forward": [collective(c) for c in seen_forward.collectives],
-            "backward": [collective(c) for c in seen_backward.collectives]}
+            "forward": forward, "backward": backward}
 
 
 def observe_sync_bn(ex):
     group, ranks = sub_groups()
-    runs = []
+    runs, index = [], 0
     for in_group in (False, True):
         g = torch.Generator().manual_seed(11 + (ranks[0] if in_group else WORLD))
         calls = sync_bn_group_calls(len(ranks)) if in_group else WORLD_SYNC_BN_CALLS(WORLD)
         buffers = (torch.zeros(CHANNELS), torch.ones(CHANNELS))
-        observed = [sync_bn_call(ex, call, group if in_group else None,
-                                 ranks if in_group else list(range(WORLD)), buffers, g)
-                    for call in calls]
+        observed = []
+        for call in calls:
+            observed.append(sync_bn_call(ex, call, group if in_group else None,
+                                         ranks if in_group else list(range(WORLD)), buffers,
+                                         g, index))
+            index += 1
         runs.append({"calls": observed, "running_mean": buffers[0],
                      "running_var": buffers[1]})
     return runs
@@ -236,20 +258,19 @@ def observe_accumulate(ex):
     steps = []
     for step in range(OPT_STEPS):
         start = {k: v.detach().clone() for k, v in model.state_dict().items()}
-        with Traffic() as seen:
-            got = ex.accumulation_step(ddp, optimizer, lesson7_micro_batches(step, RANK),
-                                       F.cross_entropy)
-        steps.append({"start": start, "returned": got,
-                      "allreduced": sum(c.numel for c in seen.collectives
-                                        if "allreduce" in c.op or "all_reduce" in c.op)})
+        seen = case()
+        got = ex.accumulation_step(ddp, optimizer, lesson7_micro_batches(step, common.SECRET),
+                                   F.cross_entropy)
+        steps.append(dict(seen, start=start, returned=got))
     return {"steps": steps,
             "parameters": torch.cat([p.detach().flatten() for p in model.parameters()])}
 
 
 OPT_STEPS = 2
-CHECKS = {"bucketed": observe_bucketed, "sync_bn": observe_sync_bn,
-          "accumulate": observe_accumulate}
+CHECKS = {name: (observe, GROUP_TIMEOUT) for name, observe in {
+    "bucketed": observe_bucketed, "sync_bn": observe_sync_bn,
+    "accumulate": observe_accumulate}.items()}
 
 
 if __name__ == "__main__":
-    observe_each_submission(7, CHECKS, GROUP_TIMEOUT, "lesson 7 grading checks")
+    relayed_rank(7, CHECKS, "one lesson 7 grading check, as a relayed rank")
