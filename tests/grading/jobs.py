@@ -195,7 +195,7 @@ def relayed_observations(job) -> list[dict]:
         if "data" not in observation:  # what the check raised: no case to fill
             seen.append({"error": str(observation.get("error"))[:300]})
             continue
-        noted = [n["case"] for n in notes if "case" in n]
+        noted = [n["case"] for n in notes if n.get("case") is not None]
         named = []
         try:
             filled = with_traffic(observation, record, named)

@@ -1,11 +1,13 @@
-"""Run under torchrun by the lesson 8 grading tests, in the submission's sandbox:
-Zero1Optimizer in a real job, with every collective and message the graded
-code starts recorded (traffic.py). Each rank reports what it saw (parameters, gradients, the
-optimizers the code made and what they hold, the traffic of each step, what each refusal
-raised); tests/grading/test_lesson8.py computes the references and decides the verdicts below.
+"""Run by the lesson 8 grading tests as the ranks of a relayed job (W = 2 and 3): one check
+per job, each rank in a sandbox of its own whose only road to the others is the relay
+(ddpcourse/course/relay.py); tests/grading/test_lesson8.py computes the references and
+decides the verdicts below. Each rank reports what the graded code left (parameters,
+gradients, the optimizers it made and what they hold, what each refusal raised); every
+collective and message (its bytes, its group, its order) is the relay's record, one case per
+step() or pipeline run.
 
 Zero1Optimizer: a DDP model trains a few steps with Zero1Optimizer, beside the same model
-trained by the plain optimizer on the whole batch in this process. The optimizer class
+trained by the plain optimizer on the whole batch in the judge. The optimizer class
 handed to Zero1Optimizer is a subclass that notes every instance made of it, so the grader
 knows every optimizer the code created. In the world, once wrapping SGD with momentum and
 once Adam:
@@ -24,34 +26,47 @@ once Adam:
                  the parameters still end right everywhere, and step() moves what zero1_gather
                  allows.
 
-pipeline_step runs in relayed jobs of its own: workers/lesson8_pipeline.py.
+pipeline_step: a small model is cut into two stages; group ranks 0 and 1 of a two-rank group
+run them (the world at W = 2; the group of global ranks 1 and 2 at W = 3, where rank 0 looks
+on), with 3 and then 4 micro-batches, onto gradients already there. Stage 0's inputs and stage
+1's labels come from each one's secret (probes.lesson8_pipeline_batch), so neither stage can
+compute the other's side: activations and gradients must travel.
+  pipeline           one case per run: the gradients, what was returned; the messages;
+  pipeline_refusals  pipeline_step handed what it must refuse: every rank in a group of one;
+                     at W = 3 a group of all three; in the two stages' group, a batch of 10
+                     in 3 micro-batches and a batch of 8 in 0. One case each: what it raised,
+                     and the relay's messages and collectives meanwhile.
 
-Each check runs in a process group of its own (common.py); rank 0 writes every rank's
-observations for the judge. --submissions A,B,... grades several submission folders.
+    python tests/grading/workers/lesson8_parallel.py --check zero1   (as a relayed rank)
 """
 
 import importlib
 from contextlib import contextmanager
 from datetime import timedelta
 
+import common
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from common import RANK, WORLD, observe_each_submission
+from common import RANK, WORLD, case, end_case, one_line, relayed_rank
 from probes import (
+    HIDDEN,
+    PIPELINE_RUNS,
     ZERO_BATCH,
     ZERO_STEPS,
     lesson8_idle_model,
+    lesson8_pipeline_batch,
     lesson8_zero_batch,
 )
+from probes import lesson8_stages as stages
 from probes import lesson8_zero_model as zero_model
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel as DDP
-from traffic import Traffic
-
-import ddpcourse.runtime  # noqa: F401  before init_process_group: see the comment there
 
 GROUP_TIMEOUT = timedelta(seconds=30)  # as the other lessons: room for a loaded machine
+# A pipeline refusal case's group: a stage that did not refuse and waits for the other, which
+# did (or ran its stage and was stopped), fails after this, well inside the check's alarm.
+REFUSAL_TIMEOUT = timedelta(seconds=3)
 torch.set_num_threads(1)
 
 
@@ -77,23 +92,6 @@ def recording(optimizer_class):
 
     Recorded.__name__ = optimizer_class.__name__
     return Recorded, made
-
-
-class StepTraffic(Traffic):
-    """Traffic, and the barriers it leaves out: they move no data, but a barrier in every
-    step is a wait that ZeRO-1's broadcasts (which wait for their data) do not need."""
-
-    BARRIERS = ("c10d::barrier", "c10d::monitored_barrier_")
-
-    def __init__(self):
-        super().__init__()
-        self.barriers = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        # an operator's full name: only its schema has it
-        if func.namespace == "c10d" and func._schema.name in self.BARRIERS:
-            self.barriers += 1
-        return super().__torch_dispatch__(func, types, args, kwargs)
 
 
 @contextmanager
@@ -129,7 +127,7 @@ def ready_made_zero_refused(ex):
 def zero1_run(ex, make_model, optimizer_class, defaults, group=None):
     """ZERO_STEPS steps of a DDP model over `group` (None: the world, and Zero1Optimizer is
     not told of a group) with Zero1Optimizer: (zero, the optimizers it made, the model, None,
-    each step()'s traffic)."""
+    each step()'s case, whose collectives and messages are the relay's)."""
     rank, size = dist.get_rank(group), dist.get_world_size(group)
     model = make_model()
     wrapped = DDP(model, process_group=group)
@@ -144,9 +142,9 @@ def zero1_run(ex, make_model, optimizer_class, defaults, group=None):
         for step in range(ZERO_STEPS):
             x, y = lesson8_zero_batch(step)
             F.cross_entropy(wrapped(x[share]), y[share]).backward()  # DDP averages the grads
-            with StepTraffic() as seen:
-                zero.step()
-            steps.append(seen)
+            steps.append(case())
+            zero.step()
+            end_case()
             zero.zero_grad()
     return zero, made, model, None, steps
 
@@ -194,20 +192,13 @@ def zero1_facts(zero, made, model):
             "state": state}
 
 
-def step_traffic(seen) -> dict:
-    return {"collectives": [(c.op, int(c.numel), int(c.nbytes),
-                             None if c.ranks is None else list(c.ranks))
-                            for c in seen.collectives],
-            "barriers": seen.barriers, "messages": len(seen.messages)}
-
-
 def observe_zero1(ex):
     """In the world: SGD with momentum, then Adam."""
     runs = []
     for optimizer_class, defaults, _ in OPTIMIZERS:
         zero, made, model, _, steps = zero1_run(ex, zero_model, optimizer_class, defaults)
         runs.append({"parameters": flat(model), **zero1_facts(zero, made, model),
-                     "steps": [step_traffic(seen) for seen in steps]})
+                     "steps": steps})
     return runs
 
 
@@ -220,7 +211,7 @@ def observe_zero1_group(ex):
     zero, made, model, _, steps = zero1_run(ex, zero_model, torch.optim.Adam,
                                             {"lr": 0.01}, group)
     return {"parameters": flat(model), **zero1_facts(zero, made, model),
-            "steps": [step_traffic(seen) for seen in steps]}
+            "steps": steps}
 
 
 def observe_zero1_idle(ex):
@@ -229,14 +220,97 @@ def observe_zero1_idle(ex):
     zero, made, model, _, steps = zero1_run(ex, idle_model, torch.optim.SGD,
                                             {"lr": 0.1, "momentum": 0.9})
     return {"parameters": flat(model), **zero1_facts(zero, made, model),
-            "steps": [step_traffic(seen) for seen in steps]}
+            "steps": steps}
 
 
-# --- the job -------------------------------------------------------------------------------
+# --- l8_pipeline_step ----------------------------------------------------------------------
 
-CHECKS = {"zero1": observe_zero1, "zero1_group": observe_zero1_group,
-          "zero1_idle": observe_zero1_idle}
+PIPELINE_GROUP = [0, 1] if WORLD == 2 else [1, 2]   # global ranks of the two stages
+
+
+def returned_facts(returned) -> dict:
+    if returned is None:
+        return {"kind": "None"}
+    if not torch.is_tensor(returned):
+        return {"kind": type(returned).__name__, "shown": f"{returned!r:.60}"}
+    return {"kind": "tensor", "dim": returned.dim(), "shown": f"{returned!r:.60}",
+            "graph": returned.grad_fn is not None or returned.requires_grad,
+            "value": returned.detach().reshape(-1)[:1].clone()}
+
+
+def observe_pipeline(ex):
+    members = PIPELINE_GROUP
+    group = None if WORLD == 2 else dist.new_group(members, timeout=GROUP_TIMEOUT)
+    if RANK not in members:
+        return None
+    me = members.index(RANK)
+    runs = []
+    for micro, batch in PIPELINE_RUNS:
+        mine = lesson8_pipeline_batch(common.SECRET, micro, batch)[me]
+        stage = stages()[me]
+        for p in stage.parameters():
+            p.grad = torch.full_like(p, 0.5)  # gradients already there: a step adds to them
+        shape = (batch // micro, HIDDEN)
+        run = case()
+        returned = ex.pipeline_step(stage, mine, micro, shape, group=group)
+        runs.append(dict(run, grads=[p.grad for p in stage.parameters()],
+                         returned=returned_facts(returned)))
+    return runs
+
+
+class RanTheStage(Exception):
+    """Raised by a stage that pipeline_step should have refused to run."""
+
+
+def observe_pipeline_refusals(ex):
+    """[(verdict, what happened)] on this rank, for every case it takes part in; every rank
+    makes every case's group, in one order."""
+    cases = [("pipeline_group_refused", [r], 8, 2, "in a group of one") for r in range(WORLD)]
+    cases += [("pipeline_split_refused", PIPELINE_GROUP, 10, 3,
+               "a batch of 10 in 3 micro-batches"),
+              ("pipeline_split_refused", PIPELINE_GROUP, 8, 0, "a batch of 8 in 0 micro-batches")]
+    if WORLD != 2:
+        cases.append(("pipeline_group_refused", list(range(WORLD)), 8, 2,
+                      f"in a group of {WORLD}"))
+    made = [dist.new_group(ranks, timeout=REFUSAL_TIMEOUT) for _, ranks, *_ in cases]
+    outcomes = []
+    for (verdict, ranks, batch_len, micro, what), group in zip(cases, made, strict=True):
+        if RANK in ranks:
+            me = min(ranks.index(RANK), 1)  # in a group of three, ranks 1 and 2 hold stage 1
+            outcomes.append((verdict, refusal_outcome(ex, me, group, batch_len, micro, what)))
+    return outcomes
+
+
+def refusal_outcome(ex, me, group, batch_len, micro, what):
+    """What pipeline_step as stage `me` did with arguments it must refuse (a one-line
+    ValueError before it runs the stage or sends or receives anything)."""
+    def must_not_run(module, args):
+        raise RanTheStage(f"rank {RANK}, {what}: the stage ran; pipeline_step must refuse "
+                          "its arguments before it runs anything")
+
+    stage = stages()[me]
+    stage.register_forward_pre_hook(must_not_run)
+    g = torch.Generator().manual_seed(batch_len)
+    batch = (torch.randn(batch_len, 10, generator=g) if me == 0
+             else torch.randint(0, 5, (batch_len,), generator=g))
+    shape = (batch_len // max(micro, 1), HIDDEN)
+    seen = dict(case(), who=f"rank {RANK}, stage {me}, {what}")
+    try:
+        ex.pipeline_step(stage, batch, micro, shape, group=group)
+    except ValueError as error:
+        return dict(seen, raised="ValueError", one_line="\n" not in str(error).strip())
+    except RanTheStage as error:
+        return dict(seen, raised="RanTheStage", text=str(error))
+    except Exception as error:  # the graded code ran: anything may come out
+        return dict(seen, raised="other", text=one_line(error))
+    return dict(seen, raised=None)
+
+
+CHECKS = {name: (observe, GROUP_TIMEOUT) for name, observe in {
+    "zero1": observe_zero1, "zero1_group": observe_zero1_group,
+    "zero1_idle": observe_zero1_idle, "pipeline": observe_pipeline,
+    "pipeline_refusals": observe_pipeline_refusals}.items()}
 
 
 if __name__ == "__main__":
-    observe_each_submission(8, CHECKS, GROUP_TIMEOUT, "lesson 8 grading checks")
+    relayed_rank(8, CHECKS, "one lesson 8 grading check, as a relayed rank")
