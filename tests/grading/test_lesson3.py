@@ -1,7 +1,9 @@
 """Grading tests for lesson 3. The sampler is graded against DistributedSampler itself, the
 gradient averaging against DDP, and the DDP loop against one-process training and, for most
-of its points, by its mechanism: which samples each rank read, and the all-reduces that
-averaged the gradients (workers/lesson3_ddp.py watches both)."""
+of its points, by its mechanism: which samples each rank read (what the rank reports), and the
+all-reduces that averaged the gradients (the relay's record). The checks that need several
+ranks run at 2 and 3 ranks as relayed jobs, one per check (workers/lesson3_ddp.py: every rank
+a sandbox of its own, the relay in this process the only road between them)."""
 
 import itertools
 import math
@@ -9,12 +11,12 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from jobs import Job, brief, difference, graded, judged, verdict
+from jobs import brief, difference, graded, relayed, relayed_observations, verdict, verdict_lines
 from probes import class_names, lesson3_data, lesson3_model
 from torch.utils.data import DistributedSampler, TensorDataset
 
-# world size -> its job
-JOBS = {w: Job(f"lesson3_W{w}", "lesson3_ddp.py", nproc=w) for w in (2, 3)}
+JOBS = {}  # no torchrun job: every check is a relayed job of its own (report below)
+_secrets: list[int] = []  # the ranks' secrets of the job being judged
 
 
 @pytest.fixture(scope="module")
@@ -203,13 +205,19 @@ def test_sampler_rejects_impossible_ranks(ex):
 
 # --- the two exercises that run in a real job --------------------------------------------
 
-def job(world_size):
-    """The lesson 3 job at `world_size`, judged here from what its ranks saw."""
-    return judged(JOBS[world_size], {
-        "average_gradients": ("average_gradients", judge_average_gradients),
-        "train_ddp": ("train_ddp", judge_train_ddp),
-        "train_ddp_data": ("train_ddp", judge_train_ddp_data),
-        "train_ddp_allreduce": ("train_ddp", judge_train_ddp_allreduce)})
+def report(world_size, name):
+    """The report of verdict `name` on the relayed job of its check at `world_size` ranks
+    (launched once, shared by the verdicts of that check), judged here from what the ranks
+    reported and the relay saw."""
+    verdicts = {"average_gradients": ("average_gradients", judge_average_gradients),
+                "train_ddp": ("train_ddp", judge_train_ddp),
+                "train_ddp_data": ("train_ddp", judge_train_ddp_data),
+                "train_ddp_allreduce": ("train_ddp", judge_train_ddp_allreduce)}
+    check = verdicts[name][0]
+    job = relayed("lesson3_ddp.py", check, world_size)
+    _secrets[:] = job.secrets
+    return verdict_lines({check: relayed_observations(job)}, world_size,
+                         {name: verdicts[name]}, lambda problems: "; ".join(problems[:4]))
 
 
 # --- the job's judges ------------------------------------------------------------------------
@@ -229,7 +237,7 @@ def judge_average_gradients(seen):
     world, problems = len(seen), []
     local = []
     for rank in range(world):
-        x, y = lesson3_data(10 + rank, seed=100 + rank)
+        x, y = lesson3_data(10 + rank, seed=_secrets[rank])
         model = lesson3_model()
         F.cross_entropy(model(x), y).backward()
         local.append([p.grad for p in model.parameters()])
@@ -354,10 +362,7 @@ def judge_train_ddp_allreduce(seen):
     low, high = steps * params, 2 * steps * params
     problems, notes = [], []
     for rank, observed in enumerate(seen):
-        reduced = observed["allreduced"]
-        if type(reduced) is not int:
-            problems.append(f"rank {rank}: no count of the values all-reduced")
-            continue
+        reduced = sum(c[1] for c in observed["collectives"] if c[0] == "allreduce")
         notes.append(f"{reduced / steps:g} values all-reduced per step")
         if reduced < low:
             problems.append(f"rank {rank}: {reduced} gradient values were all-reduced in "
@@ -381,8 +386,8 @@ def test_average_gradients_matches_ddp_on_three_processes(ex):
         f"average_gradients(model) in a world of one process did not leave the gradients of the "
         f"model's {len(before)} parameters as they were (after it: {brief(gradients(after))}); "
         "averaged over one rank, each gradient is its own mean")
-    line = verdict(job(3), "average_gradients")
-    assert line == "average_gradients: ok on 3 ranks", f"in a torchrun job of 3 processes, {line}"
+    line = verdict(report(3, "average_gradients"), "average_gradients")
+    assert line == "average_gradients: ok on 3 ranks", f"in a job of 3 processes, {line}"
 
 
 def train_ddp_once_in_process(ex):
@@ -409,11 +414,11 @@ def train_ddp_once_in_process(ex):
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_train_ddp_reproduces_one_process(ex, world_size):
     train_ddp_once_in_process(ex)
-    line = verdict(job(world_size), "train_ddp")
+    line = verdict(report(world_size, "train_ddp"), "train_ddp")
     assert line.startswith(f"train_ddp: ok on {world_size} ranks"), (
-        f"in a torchrun job of {world_size} processes, against one-process training: {line}")
+        f"in a job of {world_size} processes, against one-process training: {line}")
     assert math.isfinite(float(line.rsplit(" ", 1)[-1])), (
-        f"in a torchrun job of {world_size} processes, the largest difference from one-process "
+        f"in a job of {world_size} processes, the largest difference from one-process "
         f"training is not a finite number: {line}")
 
 
@@ -426,9 +431,9 @@ def test_train_ddp_each_rank_reads_only_its_share(ex, world_size):
     loop in which every rank reads the whole dataset (it can still reproduce one-process
     training) fails here."""
     train_ddp_once_in_process(ex)
-    line = verdict(job(world_size), "train_ddp_data")
+    line = verdict(report(world_size, "train_ddp_data"), "train_ddp_data")
     assert line == f"train_ddp_data: ok on {world_size} ranks", (
-        f"in a torchrun job of {world_size} processes, the samples each rank read: {line}")
+        f"in a job of {world_size} processes, the samples each rank read: {line}")
 
 
 @pytest.mark.l3_ddp_step
@@ -438,6 +443,7 @@ def test_train_ddp_averages_gradients_every_step(ex, world_size):
     """The gradients are all-reduced during training: all the parameters' worth every step
     (DDP's hooks do it in backward), and not twice."""
     train_ddp_once_in_process(ex)
-    line = verdict(job(world_size), "train_ddp_allreduce")
+    line = verdict(report(world_size, "train_ddp_allreduce"),
+                   "train_ddp_allreduce")
     assert line.startswith(f"train_ddp_allreduce: ok on {world_size} ranks"), (
-        f"in a torchrun job of {world_size} processes, the gradients all-reduced: {line}")
+        f"in a job of {world_size} processes, the gradients all-reduced: {line}")

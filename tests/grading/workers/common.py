@@ -365,12 +365,14 @@ def observe_within_alarm(fn, ex) -> dict:
         return {"error": f"rank {RANK}: {one_line(error)}"}
 
 
-def relayed_rank(lesson: int, checks: dict, description: str) -> None:
+def relayed_rank(lesson: int, checks: dict, description: str, graded_with=None) -> None:
     """The body of a relayed worker (`--check NAME`): join the relay (the default process
     group; SECRET set), run check NAME of `checks` ({name: (observe(ex), group timeout)}) on
-    the submission, note what it returned to the relay, and end this rank."""
+    the submission, note what it returned to the relay, and end this rank. graded_with: as
+    observe's."""
     global SECRET
     from ddpcourse.course import relay
+    from ddpcourse.course.sandbox_child import refusing
 
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--check", required=True, choices=list(checks))
@@ -378,8 +380,11 @@ def relayed_rank(lesson: int, checks: dict, description: str) -> None:
     observe, timeout = checks[args.check]
     SECRET = relay.join(int(os.environ["COURSE_RELAY_FD"]), RANK, WORLD, timeout)["secret"]
     ex, import_error = exercises_or_error(lesson)
-    mine = {"error": f"rank {RANK}: {import_error}"} if import_error else \
-        observe_within_alarm(observe, ex)
+    if import_error:
+        mine = {"error": f"rank {RANK}: {import_error}"}
+    else:
+        with refusing([], ex, (graded_with or {}).get(args.check)):
+            mine = observe_within_alarm(observe, ex)
     relay.note(observation=mine)
     sys.stdout.flush()
     os._exit(0)  # whatever the submission left running, this rank is done

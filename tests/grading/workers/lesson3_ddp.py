@@ -1,33 +1,32 @@
-"""Run under torchrun by the lesson 3 grading tests, in the submission's sandbox: runs the
-graded code in a real job and reports what it saw; tests/grading/test_lesson3.py judges it.
+"""Run by the lesson 3 grading tests as the ranks of a relayed job (W = 2 and 3): one check
+per job, each rank in a sandbox of its own whose only road to the others is the relay
+(ddpcourse/course/relay.py); tests/grading/test_lesson3.py judges it.
 
-average_gradients: each rank computes gradients on its own data with a plain model and
-averages them with the graded function (the judge compares them with DDP's: the mean of every
-rank's); a frozen parameter; then inside a group of ranks 0 and 1, with rank-dependent
-gradients.
+average_gradients: each rank computes gradients on its own data (from the secret the relay
+gave it alone) with a plain model and averages them with the graded function (the judge
+compares them with DDP's: the mean of every rank's); a frozen parameter; then inside a group
+of ranks 0 and 1, with rank-dependent gradients.
 
 train_ddp: every rank trains with the graded function on a dataset that notes which samples
-this process reads, while every collective the rank starts is recorded (traffic.py). It
-reports the trained parameters, the indices read, and the values all-reduced: the judge
-compares them with one-device training, DistributedSampler's shares and the parameter count.
+this process reads (inside the rank: what it reads of its own memory no one else sees). It
+reports the trained parameters and the indices read; the values all-reduced are the relay's
+record. The judge compares them with one-device training, DistributedSampler's shares and
+the parameter count.
 
-Each check runs in a process group of its own (common.py); rank 0 writes every rank's
-observations for the judge. --submissions A,B,... grades several submission folders.
+    python tests/grading/workers/lesson3_ddp.py --check train_ddp   (as a relayed rank)
 """
 
 from datetime import timedelta
 
+import common
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from common import RANK, WORLD, observe_each_submission
+from common import RANK, WORLD, case, relayed_rank
 from probes import lesson3_data as data
 from probes import lesson3_model as small_model
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import Dataset
-from traffic import Traffic
-
-import ddpcourse.runtime  # noqa: F401  before init_process_group: see the comment there
 
 GROUP_TIMEOUT = timedelta(seconds=30)
 torch.set_num_threads(1)
@@ -58,7 +57,7 @@ class WatchedDataset(Dataset):
 def observe_average_gradients(ex):
     # 1. This rank's own data (different data, even different sizes, per rank) through a
     # plain model: the judge computes DDP's answer, the mean of every rank's gradients.
-    x, y = data(10 + RANK, seed=100 + RANK)
+    x, y = data(10 + RANK, seed=common.SECRET)
     plain = small_model()
     F.cross_entropy(plain(x), y).backward()
     ex.average_gradients(plain)
@@ -89,24 +88,23 @@ N, GLOBAL_BATCH, EPOCHS, SEED = 95, 12, 2, 5  # 95: the sampler pads at W = 2 an
 def observe_train_ddp(ex):
     x, y = data(N, seed=7)
     watched = WatchedDataset(x, y)
-    with Traffic() as seen:
-        trained = ex.train_ddp(small_model(seed=3), watched, global_batch=GLOBAL_BATCH,
-                               epochs=EPOCHS, lr=0.1, seed=SEED)
+    seen = case()
+    trained = ex.train_ddp(small_model(seed=3), watched, global_batch=GLOBAL_BATCH,
+                           epochs=EPOCHS, lr=0.1, seed=SEED)
     wrapper = isinstance(trained, DDP)
     if wrapper:
         trained = trained.module
-    return {"returned_wrapper": wrapper,
-            "parameters": torch.cat([p.detach().flatten() for p in trained.parameters()]),
-            "read": watched.read,
-            "allreduced": sum(c.numel for c in seen.collectives
-                              if "allreduce" in c.op or "all_reduce" in c.op)}
+    return dict(seen, returned_wrapper=wrapper,
+                parameters=torch.cat([p.detach().flatten() for p in trained.parameters()]),
+                read=watched.read)
 
 
-CHECKS = {"average_gradients": observe_average_gradients, "train_ddp": observe_train_ddp}
+CHECKS = {"average_gradients": (observe_average_gradients, GROUP_TIMEOUT),
+          "train_ddp": (observe_train_ddp, GROUP_TIMEOUT)}
 # train_ddp graded on its own: the reference builds on per_process_batch (l3_batch_and_lr),
 # which is the grader's while train_ddp runs (probes.py)
 GRADED_WITH = {"train_ddp": {"per_process_batch": "lesson3_per_process_batch"}}
 
 
 if __name__ == "__main__":
-    observe_each_submission(3, CHECKS, GROUP_TIMEOUT, "lesson 3 grading checks", GRADED_WITH)
+    relayed_rank(3, CHECKS, "one lesson 3 grading check, as a relayed rank", GRADED_WITH)
