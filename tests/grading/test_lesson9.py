@@ -1,27 +1,28 @@
 """Grading tests for lesson 9. identity_from_launcher is called here with each launcher's
 variables (from lesson 9's launchers table), nested launchers and impossible sets;
 shard_loader's loader is read epoch by epoch in the submission's process and compared here
-with DistributedSampler's shares; exact_accuracy runs in torchrun jobs of 2 and 3 processes
-(workers/lesson9_validation.py), over shares a DistributedSampler padded, uneven shares and
-sub-groups, with every collective it starts recorded."""
+with DistributedSampler's shares; exact_accuracy runs at 2 and 3 ranks as relayed jobs, one
+per check (workers/lesson9_validation.py: every rank a sandbox of its own, the relay in this
+process the only road between them), over shares a DistributedSampler padded, uneven shares
+and sub-groups, every collective it starts in the relay's record."""
 
 import pytest
 import torch
 from jobs import (
-    Job,
     brief,
     difference,
     graded,
     judge_once,
-    judged,
     one_line_value_error,
+    relayed,
+    relayed_observations,
     verdict,
+    verdict_lines,
 )
 from probes import class_names, lesson9_case, lesson9_groups, lesson9_loader, lesson9_truth
 from torch.utils.data import DataLoader, DistributedSampler
 
-# world size -> its job
-JOBS = {w: Job(f"lesson9_W{w}", "lesson9_validation.py", nproc=w, timeout=150) for w in (2, 3)}
+JOBS = {}  # no torchrun job: every check is a relayed job of its own (report below)
 
 
 @pytest.fixture(scope="module")
@@ -395,8 +396,8 @@ def judge_groups(seen):
         i = next(i for i, ranks in enumerate(groups) if rank in ranks)
         problems += value_problems(mine, exact(f"group{i}", len(groups[i])),
                                    f"rank {rank} (group {groups[i]})")
-        strays = [op for op, _, ranks in mine["collectives"] if ranks and set(ranks) != set(
-            groups[i])]
+        strays = [op for op, _, _, ranks, _ in mine["collectives"]
+                  if set(ranks) != set(groups[i])]
         if strays:
             problems.append(f"rank {rank}: {strays[0]} over another group than its own "
                             f"{groups[i]}")
@@ -407,7 +408,7 @@ def judge_refused(before_any_collective):
     def judge(seen):
         problems = [p for rank, mine in enumerate(seen) for p in value_problems(
             mine["first"], exact("padded", len(seen)), f"rank {rank}, before (padded)")]
-        for rank, mine in enumerate(seen):
+        for rank, mine in enumerate(mine["then"] for mine in seen):
             if not mine["raised"]:
                 problems.append(f"rank {rank}: returned {mine['value']!r}, expected ValueError")
             elif before_any_collective and (mine["collectives"] or mine["messages"]):
@@ -417,19 +418,22 @@ def judge_refused(before_any_collective):
     return judge
 
 
-def job(world_size):
-    return judged(JOBS[world_size], {
-        "padded": ("padded", judge_value("padded")),
-        "uneven": ("uneven", judge_value("uneven")),
-        "groups": ("groups", judge_groups),
-        "missing": ("missing", judge_refused(False)),
-        "bad": ("bad", judge_refused(True))})
+def report(world_size, name):
+    """The report of check `name` as a relayed job at `world_size` ranks, judged here."""
+    verdicts = {"padded": ("padded", judge_value("padded")),
+                "uneven": ("uneven", judge_value("uneven")),
+                "groups": ("groups", judge_groups),
+                "missing": ("missing", judge_refused(False)),
+                "bad": ("bad", judge_refused(True))}
+    job = relayed("lesson9_validation.py", name, world_size)
+    return verdict_lines({name: relayed_observations(job)}, world_size, {name: verdicts[name]},
+                         lambda problems: "; ".join(problems[:4]))
 
 
 def assert_ok(world_size, name):
-    line = verdict(job(world_size), name)
+    line = verdict(report(world_size, name), name)
     assert line == f"{name}: ok on {world_size} ranks", (
-        f"exact_accuracy in a torchrun job of {world_size} processes: {line}")
+        f"exact_accuracy in a job of {world_size} processes: {line}")
 
 
 @pytest.mark.l9_exact_validation

@@ -1,6 +1,7 @@
-"""Run under torchrun by the lesson 9 grading tests, in the submission's sandbox:
-exact_accuracy in a real job, with every collective the graded code starts recorded
-(traffic.py). Each rank reports the value it got back (or what it raised) and its traffic;
+"""Run by the lesson 9 grading tests as the ranks of a relayed job (W = 2 and 3): one check
+per job, each rank in a sandbox of its own whose only road to the others is the relay
+(ddpcourse/course/relay.py). Each rank reports the value exact_accuracy gave back (or what it
+raised); its collectives and messages are the relay's record, one case per call;
 tests/grading/test_lesson9.py rebuilds every rank's inputs (probes.lesson9_shares) and
 judges.
 
@@ -13,19 +14,15 @@ judges.
 Before each of the last two, the padded case once more: code that always raises earns
 nothing there.
 
-Each check runs in a process group of its own (common.py); --submissions A,B,... grades
-several submission folders.
+    python tests/grading/workers/lesson9_validation.py --check padded   (as a relayed rank)
 """
 
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
-from common import RANK, WORLD, observe_each_submission, one_line
+from common import RANK, WORLD, case, one_line, relayed_rank
 from probes import lesson9_groups, lesson9_shares
-from traffic import Traffic
-
-import ddpcourse.runtime  # noqa: F401  before init_process_group: see the comment there
 
 # Short: a submission that leaves some ranks waiting (raising on one rank only) costs its
 # check this long.
@@ -33,29 +30,28 @@ GROUP_TIMEOUT = timedelta(seconds=20)
 torch.set_num_threads(1)
 
 
-def call(ex, case, group=None, rank=RANK, world=WORLD):
-    indices, correct, length = lesson9_shares(case, world, rank)
-    with Traffic() as seen:
-        try:
-            value, raised = ex.exact_accuracy(indices, correct, length, group=group), None
-        except ValueError as error:
-            value, raised = None, one_line(error)
-    return {"value": value, "raised": raised,
-            "collectives": [(c.op, c.numel, list(c.ranks or ())) for c in seen.collectives],
-            "messages": len(seen.messages)}
+def call(ex, name, group=None, rank=RANK, world=WORLD):
+    indices, correct, length = lesson9_shares(name, world, rank)
+    seen = case()
+    try:
+        value, raised = ex.exact_accuracy(indices, correct, length, group=group), None
+    except ValueError as error:
+        value, raised = None, one_line(error)
+    return dict(seen, value=value, raised=raised)
 
 
-def observe_case(case):
-    return lambda ex: call(ex, case)
+def observe_case(name):
+    return lambda ex: call(ex, name)
 
 
-def observe_refusal(case):
+def observe_refusal(name):
     """A right answer first (code that always raises earns nothing here), then the case."""
-    return lambda ex: {"first": call(ex, "padded"), **call(ex, case)}
+    return lambda ex: {"first": call(ex, "padded"), "then": call(ex, name)}
 
 
 def observe_groups(ex):
-    groups = [dist.new_group(ranks) for ranks in lesson9_groups(WORLD)]  # every rank makes each
+    groups = [dist.new_group(ranks, timeout=GROUP_TIMEOUT)  # every rank makes each
+              for ranks in lesson9_groups(WORLD)]
     for i, ranks in enumerate(lesson9_groups(WORLD)):
         if RANK in ranks:
             return {"group": i, **call(ex, f"group{i}", groups[i], ranks.index(RANK),
@@ -63,10 +59,11 @@ def observe_groups(ex):
     raise AssertionError("every rank is in a group")
 
 
-CHECKS = {"padded": observe_case("padded"), "uneven": observe_case("uneven"),
-          "groups": observe_groups, "missing": observe_refusal("missing"),
-          "bad": observe_refusal("bad")}
+CHECKS = {name: (observe, GROUP_TIMEOUT) for name, observe in {
+    "padded": observe_case("padded"), "uneven": observe_case("uneven"),
+    "groups": observe_groups, "missing": observe_refusal("missing"),
+    "bad": observe_refusal("bad")}.items()}
 
 
 if __name__ == "__main__":
-    observe_each_submission(9, CHECKS, GROUP_TIMEOUT, "lesson 9 grading checks")
+    relayed_rank(9, CHECKS, "one lesson 9 grading check, as a relayed rank")
