@@ -25,6 +25,7 @@ import itertools
 import json
 import os
 import re
+import secrets
 import shutil
 import subprocess
 import sys
@@ -632,6 +633,7 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "submission", None) == "":
         args.submission = None
     print(isolation(), flush=True)
+    print(hidden_cases(), flush=True)
     if args.func is cmd_class and not is_root() and not user_namespaces() and \
             not args.allow_unisolated:
         print("error: no isolation here for a class's code (neither root nor user namespaces); "
@@ -640,6 +642,17 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     with zygote_for_this_process():  # every sandbox of this grading forks from one template
         return args.func(args)
+
+
+def hidden_cases() -> str:
+    """One seed for every submission this grading run grades (tests/grading/hidden.py draws
+    each test's hidden cases from it): the instructor's COURSE_HIDDEN_SEED, or one drawn now,
+    said so that a re-grade can use it again."""
+    if os.environ.get("COURSE_HIDDEN_SEED", "").strip():
+        return "hidden cases: from COURSE_HIDDEN_SEED"
+    os.environ["COURSE_HIDDEN_SEED"] = secrets.token_hex(8)
+    return (f"hidden cases: drawn from seed {os.environ['COURSE_HIDDEN_SEED']} (give it as "
+            "COURSE_HIDDEN_SEED to grade the same cases again)")
 
 
 def lesson_number(text: str) -> int | None:

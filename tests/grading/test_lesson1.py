@@ -3,6 +3,7 @@
 import os
 
 import pytest
+from hidden import drawn
 from jobs import Job, graded, judged, verdict
 
 from ddpcourse.topology import Process
@@ -51,7 +52,10 @@ def test_global_rank_two_nodes_of_four(ex):
 @pytest.mark.l1_global_rank
 @pytest.mark.points(1)
 def test_global_rank_every_rank_once(ex):
-    for nodes, per_node in [(1, 1), (3, 3), (4, 2), (2, 5)]:
+    """The shapes below, and three drawn at grading time (hidden.py)."""
+    hidden = drawn("global_rank")
+    shapes = [(hidden.randint(1, 9), hidden.randint(1, 9)) for _ in range(3)]
+    for nodes, per_node in [(1, 1), (3, 3), (4, 2), (2, 5), *shapes]:
         ranks = [ex.global_rank(n, g, per_node) for n in range(nodes) for g in range(per_node)]
         assert ranks == list(range(nodes * per_node)), (
             f"global_rank(node_rank, local_rank, {per_node}) for every process of {nodes} node(s) "
@@ -108,17 +112,35 @@ def test_layout_two_gpus_per_process(ex):
         f"local_rank, gpus) {got}, expected {as_tuples(TWO_GPUS_EACH)}")
 
 
+def layout(nodes, gpus_per_node, gpus_per_process):
+    """The grader's own rank_layout, for the shapes drawn at grading time."""
+    per_node = gpus_per_node // gpus_per_process
+    return [(node * per_node + local, node, local,
+             tuple(range(local * gpus_per_process, (local + 1) * gpus_per_process)))
+            for node in range(nodes) for local in range(per_node)]
+
+
 @pytest.mark.l1_rank_layout
 @pytest.mark.usefixtures("own_global_rank")
 @pytest.mark.points(1)
 def test_layout_odd_shapes(ex):
-    layout = ex.rank_layout(3, 6, 3)  # 3 nodes x 2 processes of 3 GPUs
+    """The shapes below, and three drawn at grading time (hidden.py)."""
+    hidden = drawn("rank_layout")
+    for _ in range(3):
+        gpus_per_process = hidden.randint(1, 4)
+        shape = (hidden.randint(1, 5), gpus_per_process * hidden.randint(1, 4),
+                 gpus_per_process)
+        got = as_tuples(ex.rank_layout(*shape))
+        assert got == layout(*shape), (
+            f"rank_layout{shape} gave (global_rank, node, local_rank, gpus) {got}, expected "
+            f"{layout(*shape)}")
+    layout_3_6_3 = ex.rank_layout(3, 6, 3)  # 3 nodes x 2 processes of 3 GPUs
     want = [
         (0, 0, 0, (0, 1, 2)), (1, 0, 1, (3, 4, 5)),
         (2, 1, 0, (0, 1, 2)), (3, 1, 1, (3, 4, 5)),
         (4, 2, 0, (0, 1, 2)), (5, 2, 1, (3, 4, 5)),
     ]
-    got = as_tuples(layout)
+    got = as_tuples(layout_3_6_3)
     assert got == want, (f"rank_layout(nodes=3, gpus_per_node=6, gpus_per_process=3) gave "
                          f"(global_rank, node, local_rank, gpus) {got}, expected {want}")
     got = as_tuples(ex.rank_layout(1, 1))
@@ -158,6 +180,12 @@ def test_node_groups(ex):
     got = ex.node_groups(1, 3)
     assert got == [[0, 1, 2]], (f"node_groups(nodes=1, procs_per_node=3) returned {got}, "
                                 "expected [[0, 1, 2]]: one node holding every rank")
+    hidden = drawn("node_groups")  # and three shapes drawn at grading time (hidden.py)
+    for nodes, per_node in [(hidden.randint(1, 7), hidden.randint(1, 7)) for _ in range(3)]:
+        want = [list(range(n * per_node, (n + 1) * per_node)) for n in range(nodes)]
+        got = ex.node_groups(nodes, per_node)
+        assert got == want, (f"node_groups(nodes={nodes}, procs_per_node={per_node}) returned "
+                             f"{got}, expected {want}: one list per node, its ranks")
 
 
 @pytest.mark.l1_node_groups

@@ -15,6 +15,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from hidden import drawn
 from jobs import (
     graded,
     judge_once,
@@ -97,8 +98,10 @@ def mesh_group(rank, shape, dim):
 def test_mesh_coordinates_are_row_major(ex):
     assert ex.mesh_coordinates(4, (2, 3)) == (1, 1)
     assert ex.mesh_coordinates(5, (2, 2, 2)) == (1, 0, 1)
+    hidden = drawn("mesh_coordinates")  # and three shapes drawn at grading time (hidden.py)
     for shape in ((4,), (1,), (2, 3), (3, 2), (1, 4), (4, 1), (2, 1, 3), (3, 1, 1, 2),
-                  (2, 2, 2)):
+                  (2, 2, 2), *(tuple(hidden.randint(1, 4) for _ in range(hidden.randint(1, 4)))
+                               for _ in range(3))):
         got = [ex.mesh_coordinates(r, shape) for r in range(math.prod(shape))]
         want = [row_major(r, shape) for r in range(math.prod(shape))]
         assert got == want, (shape, got)

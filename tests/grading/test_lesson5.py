@@ -6,6 +6,7 @@ both wherever SLURM is installed). The devices are checked in a real two-node jo
 import re
 
 import pytest
+from hidden import drawn
 from jobs import Job, graded, judged, verdict
 
 # world size -> its job: two simulated nodes of two processes
@@ -127,8 +128,36 @@ SLURM_REFUSES = {"gpu[1-2]-ib", "gpu[9-10].ib,rack[2]-n[1-2]-ib"}
 @pytest.mark.usefixtures("no_scontrol")
 @pytest.mark.points(3)
 def test_node_lists_as_jobs_get_them(ex):
-    """Padding, several brackets, text after a bracket, order: one list each."""
-    assert_all_right(AS_JOBS_GET_THEM, ex.expand_nodelist, expanded)
+    """Padding, several brackets, text after a bracket, order: one list each; and three node
+    lists drawn at grading time (hidden.py)."""
+    hidden = drawn("expand_nodelist")
+    assert_all_right({**AS_JOBS_GET_THEM, **dict(drawn_nodelist(hidden) for _ in range(3))},
+                     ex.expand_nodelist, expanded)
+
+
+def drawn_nodelist(hidden):
+    """(a node list, the hosts it names), made together: names, one bracket or none each, of
+    ranges whose numbers are as wide as their first bound, and single numbers."""
+    text, hosts = [], []
+    for _ in range(hidden.randint(1, 3)):
+        name = "".join(hidden.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(3))
+        if hidden.random() < 0.3:
+            text.append(f"{name}{hidden.randint(0, 99)}")
+            hosts.append(text[-1])
+            continue
+        parts = []
+        for _ in range(hidden.randint(1, 2)):
+            low = hidden.randint(0, 120)
+            width = hidden.randint(len(str(low)), 3)
+            if hidden.random() < 0.3:
+                parts.append(str(low))
+                hosts.append(f"{name}{low}")
+            else:
+                high = low + hidden.randint(1, 4)
+                parts.append(f"{low:0{width}d}-{high:0{width}d}")
+                hosts += [f"{name}{i:0{width}d}" for i in range(low, high + 1)]
+        text.append(f"{name}[{','.join(parts)}]")
+    return ",".join(text), hosts
 
 
 @pytest.mark.l5_expand_nodelist
