@@ -102,7 +102,7 @@ test: setup ## lint, then the test suite (solutions full marks, stubs zero, ever
 	$(VPY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=15 \
 		-m "not notebook and not lesson9 and not lesson10 and not grading_heavy and not drills"
 
-test-drills: setup ## the error index's reproductions and lesson 6's main-first drill, run whole (about a minute)
+test-drills: setup ## the error index's reproductions and lesson 6's drills (main first, a node lost, a SLURM requeue), run whole (about 3 minutes)
 	$(VPY) -m pytest -q -n 2 -m drills
 
 test-grading: setup ## lessons 6-8's wrong submissions and every lesson's process-ending mistake graded: each loses exactly its points

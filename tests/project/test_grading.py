@@ -40,9 +40,9 @@ def registered_exercise_markers():
 
 
 @pytest.mark.slow
-@pytest.mark.slow
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("lesson", by_lesson(LESSONS))
+# lessons 6 and 7's gradings run restarted and relayed jobs (half a minute each): make test-grading
+@pytest.mark.parametrize("lesson", by_lesson(LESSONS, apart=(6, 7)))
 def test_solutions_get_full_marks_and_stubs_get_zero(tmp_path, lesson):
     # One lesson per test, so that a parallel run (make test) spreads their launches.
     solutions = run_grading(lesson, tmp_path / "solutions", impl="solutions", quiet=True)

@@ -46,6 +46,7 @@ def test_a_killed_worker_resumes_to_bit_identical_weights(world, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.drills  # a minute of restarts: make test-drills
 @pytest.mark.timeout(300)
 def test_an_elastic_job_shrinks_when_a_node_is_lost_and_grows_when_it_returns(tmp_path):
     result = run([PYTHON, f"{EXPERIMENTS}/lesson6_elastic_drill.py", "--nproc", "1",
@@ -229,6 +230,7 @@ def test_sigterm_to_torchrun_saves_at_once_and_the_same_command_loses_no_step(tm
 
 @needs_slurm
 @pytest.mark.slow
+@pytest.mark.drills  # two minutes of a real SLURM requeue: make test-drills
 @pytest.mark.timeout(300)
 def test_a_slurm_job_requeued_mid_run_resumes_to_bit_identical_weights(tmp_path):
     out, summary = preempt_drill(tmp_path, "--hosts", "2", "--parts", "slurm", "--seed", "2",
