@@ -139,7 +139,10 @@ def slurm_conf(folder: str, nodes: int, munge_socket: str, cpus: int = CPUS_PER_
         "EnforcePartLimits=ALL",       # refuse a job that cannot fit, instead of queueing it
         "SlurmdParameters=config_overrides",  # the hosts share the cores: trust these counts
     ]
-    lines += [f"NodeName=host{k} NodeAddr={H.address(k)} CPUs={cpus} State=UNKNOWN"
+    # Each host has the machine's memory (they share it): a job that asks for --mem fits.
+    memory_mb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**20
+    lines += [f"NodeName=host{k} NodeAddr={H.address(k)} CPUs={cpus} "
+              f"RealMemory={memory_mb} State=UNKNOWN"
               for k in range(nodes)]
     lines.append("PartitionName=course Nodes=ALL Default=YES MaxTime=INFINITE State=UP")
     return "\n".join(lines) + "\n"

@@ -518,7 +518,8 @@ def grade_class_on_slurm(base: Path, students: list[Path], lessons: list[int],
                "--out", str(out), "--timeout", str(args.timeout),
                "--workers", str(args.workers), *(["--lesson", str(args.lesson)]
                                                  if args.lesson else []),
-               *(f"--only={names}" for names in args.only)]  # the same slices as here
+               *(f"--only={names}" for names in args.only),  # the same slices as here
+               *(["--allow-unisolated"] if args.allow_unisolated else [])]
     print("$ " + " ".join(command), flush=True)
     started = time.perf_counter()
     ended = subprocess.run(command, cwd=ROOT, env=dict(os.environ, COURSE_VENV=str(venv)))
