@@ -232,7 +232,7 @@ def jobs(tmp_path_factory):
             late = trivial.parent / "late.sbatch"
             late.write_text("#!/bin/sh\necho started\nsleep 60\n")
             beside = threading.Thread(target=lambda: setattr(
-                seen, "late", cluster.sbatch(str(late), timeout=2.5)))
+                seen, "late", cluster.sbatch(str(late), timeout=8)))  # time to start, loaded
             beside.start()
             env = {"NPROC": "1", "OMP_NUM_THREADS": "1"}
             seen.torchrun = cluster.sbatch(TORCHRUN_SBATCH, [WHOAMI], extra_env=env, timeout=120,
