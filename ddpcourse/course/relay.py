@@ -491,6 +491,10 @@ class Relay:
             self.collective(rank, request)
         else:
             self.reply(rank, {"id": ident, "error": f"unknown request {op!r}"})
+        if op in ("recv", "collective"):  # waiting on a rank that has ended already
+            for gone, why in enumerate(self.ended):
+                if why is not None:
+                    self.fail_waiting_on(gone)
 
     def members(self, group: str) -> list[int]:
         if group not in self.groups:

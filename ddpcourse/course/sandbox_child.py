@@ -30,6 +30,7 @@ import struct
 import sys
 import time
 import traceback
+import types
 from contextlib import ExitStack, contextmanager
 from datetime import timedelta
 
@@ -245,6 +246,21 @@ def swap(stack: ExitStack, owner, name: str, new, module) -> None:
             stack.callback(setattr, module, held_as, original)
 
 
+def refuse_everywhere(stack: ExitStack, original, refuse) -> None:
+    """A Python function refused is refused under every name that holds it, not only the ones
+    swap() finds: its own code becomes refuse's until `stack` closes, so a default argument, a
+    closure or an alias the submission kept calls the refusal too."""
+    if not isinstance(original, types.FunctionType) or original.__code__.co_freevars:
+        return  # a class, a builtin, or a closure whose cells the refusal's code cannot take
+    saved = (original.__code__, original.__defaults__, original.__kwdefaults__)
+    original.__code__ = refuse.__code__
+    original.__defaults__, original.__kwdefaults__ = refuse.__defaults__, refuse.__kwdefaults__
+
+    def restore():
+        original.__code__, original.__defaults__, original.__kwdefaults__ = saved
+    stack.callback(restore)
+
+
 @contextmanager
 def refusing(targets: list[tuple[str, str, str]], module, replace: dict | None = None):
     """Each (module, attribute path, message): that attribute raises AssertionError(message)
@@ -261,7 +277,9 @@ def refusing(targets: list[tuple[str, str, str]], module, replace: dict | None =
 
             def refuse(*args, _message=message, **kwargs):
                 raise AssertionError(_message)
+            original = getattr(owner, name)
             swap(stack, owner, name, refuse, module)
+            refuse_everywhere(stack, original, refuse)
         for name, probe in (replace or {}).items():
             if module is not None and hasattr(module, name):  # none: nothing can call it
                 swap(stack, module, name, getattr(importlib.import_module("probes"), probe),

@@ -137,9 +137,10 @@ def test_the_configuration_keeps_every_file_in_the_run_folder_and_uses_munge():
     for key in ("StateSaveLocation", "SlurmdSpoolDir", "SlurmdPidFile", "SlurmdLogFile",
                 "SlurmctldPidFile", "PlugStackConfig"):
         assert single[key].startswith("/tmp/RUN/"), key
+    memory_mb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**20
     assert [value for key, value in settings if key == "NodeName"] == [
-        f"host{k} NodeAddr=10.213.0.{k + 1} CPUs={S.CPUS_PER_NODE} State=UNKNOWN"
-        for k in range(3)]
+        f"host{k} NodeAddr=10.213.0.{k + 1} CPUs={S.CPUS_PER_NODE} RealMemory={memory_mb} "
+        "State=UNKNOWN" for k in range(3)]
 
 
 def test_run_splits_our_options_from_sbatch_options_and_the_script():
