@@ -176,6 +176,21 @@ def relayed(worker: str, check: str, nproc: int, nnodes: int = 1, timeout: float
     return _relayed[key]
 
 
+def relayed_report(worker: str, verdicts: dict, name: str, nproc: int, nnodes: int = 1,
+                   secrets: list | None = None,
+                   summarise=lambda problems: "; ".join(problems[:4]), **launch) -> str:
+    """The report of verdict `name` (verdicts: {name: (check, judge)}) on the relayed job of
+    its check at nnodes x nproc ranks (launched once, shared by the check's verdicts), judged
+    here from what the ranks reported and the relay saw. `secrets`, a list, is first filled
+    with the job's ranks' secrets, which the judges rebuild the inputs from."""
+    check = verdicts[name][0]
+    job = relayed(worker, check, nproc, nnodes, **launch)
+    if secrets is not None:
+        secrets[:] = job.secrets
+    return verdict_lines({check: relayed_observations(job)}, nproc * nnodes,
+                         {name: verdicts[name]}, summarise)
+
+
 def relayed_observations(job) -> list[dict]:
     """Every rank's observation ({"data": ...} or {"error": why}), each dict of it that
     names a case ({"case": k}) given what the relay saw that rank do in case k: "messages",

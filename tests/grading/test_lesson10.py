@@ -20,10 +20,8 @@ from jobs import (
     graded,
     judge_once,
     one_line_value_error,
-    relayed,
-    relayed_observations,
+    relayed_report,
     verdict,
-    verdict_lines,
 )
 from probes import (
     LESSON10_BLOCK,
@@ -54,12 +52,8 @@ def ex():
 def assert_ok(world_size, name, verdicts):
     """Verdict `name` on the relayed job of its check at `world_size` ranks (launched once,
     shared by the verdicts of that check), judged here from what the relay saw."""
-    check = verdicts[name][0]
-    job = relayed("lesson10_parallel.py", check, world_size,
-                  refuse_collectives=check in RING_CHECKS)
-    _secrets[:] = job.secrets
-    report = verdict_lines({check: relayed_observations(job)}, world_size,
-                           {name: verdicts[name]}, lambda problems: "; ".join(problems[:4]))
+    report = relayed_report("lesson10_parallel.py", verdicts, name, world_size, secrets=_secrets,
+                            refuse_collectives=verdicts[name][0] in RING_CHECKS)
     line = verdict(report, name)
     assert line == f"{name}: ok on {world_size} ranks", line
 

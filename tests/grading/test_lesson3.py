@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from hidden import drawn
-from jobs import brief, difference, graded, relayed, relayed_observations, verdict, verdict_lines
+from jobs import brief, difference, graded, relayed_report, verdict
 from probes import class_names, lesson3_data, lesson3_model
 from torch.utils.data import DistributedSampler, TensorDataset
 
@@ -218,11 +218,7 @@ def report(world_size, name):
                 "train_ddp": ("train_ddp", judge_train_ddp),
                 "train_ddp_data": ("train_ddp", judge_train_ddp_data),
                 "train_ddp_allreduce": ("train_ddp", judge_train_ddp_allreduce)}
-    check = verdicts[name][0]
-    job = relayed("lesson3_ddp.py", check, world_size)
-    _secrets[:] = job.secrets
-    return verdict_lines({check: relayed_observations(job)}, world_size,
-                         {name: verdicts[name]}, lambda problems: "; ".join(problems[:4]))
+    return relayed_report("lesson3_ddp.py", verdicts, name, world_size, secrets=_secrets)
 
 
 # --- the job's judges ------------------------------------------------------------------------

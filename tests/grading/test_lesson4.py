@@ -18,7 +18,7 @@ import math
 
 import pytest
 import torch
-from jobs import graded, relayed, relayed_observations, verdict, verdict_lines
+from jobs import graded, relayed_report, verdict
 from probes import lesson4_data
 
 JOBS = {}  # no torchrun job: every check is a relayed job of its own (relayed below)
@@ -63,12 +63,9 @@ def assert_check_passed(check: str, world_size: int):
         "broadcast_tree_shape": ("broadcast_tree_shape", judge_broadcast_tree_shape),
         "node_groups": ("node_groups", lambda seen: judge_node_groups(seen, per_node)),
         "fix_hang": ("fix_hang", per_rank(judge_fix_hang))}
-    name = verdicts[check][0]
-    job = relayed("lesson4_checks.py", name, per_node, nodes,
-                  refuse_collectives=name in POINT_TO_POINT)
-    _secrets[:] = job.secrets
-    report = verdict_lines({name: relayed_observations(job)}, world_size,
-                           {check: verdicts[check]}, lambda problems: "; ".join(problems[:4]))
+    report = relayed_report("lesson4_checks.py", verdicts, check, per_node, nodes,
+                            secrets=_secrets,
+                            refuse_collectives=verdicts[check][0] in POINT_TO_POINT)
     line = verdict(report, check)
     assert line == f"{check}: ok on {world_size} ranks", line
 

@@ -22,10 +22,8 @@ import torch.nn.functional as F
 from jobs import (
     graded,
     judge_once,
-    relayed,
-    relayed_observations,
+    relayed_report,
     verdict,
-    verdict_lines,
 )
 from probes import (
     CHANNELS,
@@ -80,11 +78,8 @@ def report(world_size, name):
                         "sync_bn_traffic")},
         **{name: ("accumulate", lambda seen, n=name: judge_accumulate(seen)[n])
            for name in ("accumulate_result", "accumulate_allreduce", "accumulate_loss")}}
-    check = verdicts[name][0]
-    job = relayed("lesson7_checks.py", check, world_size)
-    _secrets[:] = job.secrets
-    return verdict_lines({check: relayed_observations(job)}, world_size,
-                         {name: verdicts[name]}, summary)
+    return relayed_report("lesson7_checks.py", verdicts, name, world_size, secrets=_secrets,
+                          summarise=summary)
 
 
 # --- the job's judges ------------------------------------------------------------------------

@@ -17,10 +17,8 @@ import torch.nn as nn
 from jobs import (
     graded,
     judge_once,
-    relayed,
-    relayed_observations,
+    relayed_report,
     verdict,
-    verdict_lines,
 )
 from probes import (
     HIDDEN,
@@ -534,11 +532,8 @@ def report(world_size, name):
     """The report of verdict `name` on the relayed job of its check at `world_size` ranks
     (launched once, shared by the verdicts of that check), judged here from what the ranks
     reported and the relay saw."""
-    check = VERDICTS[name][0]
-    job = relayed("lesson8_parallel.py", check, world_size)
-    _secrets[:] = job.secrets
-    return verdict_lines({check: relayed_observations(job)}, world_size,
-                         {name: VERDICTS[name]}, summary)
+    return relayed_report("lesson8_parallel.py", VERDICTS, name, world_size, secrets=_secrets,
+                          summarise=summary)
 
 
 def assert_ok(world_size, name):

@@ -14,10 +14,8 @@ from jobs import (
     graded,
     judge_once,
     one_line_value_error,
-    relayed,
-    relayed_observations,
+    relayed_report,
     verdict,
-    verdict_lines,
 )
 from probes import class_names, lesson9_case, lesson9_groups, lesson9_loader, lesson9_truth
 from torch.utils.data import DataLoader, DistributedSampler
@@ -425,9 +423,7 @@ def report(world_size, name):
                 "groups": ("groups", judge_groups),
                 "missing": ("missing", judge_refused(False)),
                 "bad": ("bad", judge_refused(True))}
-    job = relayed("lesson9_validation.py", name, world_size)
-    return verdict_lines({name: relayed_observations(job)}, world_size, {name: verdicts[name]},
-                         lambda problems: "; ".join(problems[:4]))
+    return relayed_report("lesson9_validation.py", verdicts, name, world_size)
 
 
 def assert_ok(world_size, name):
