@@ -22,6 +22,7 @@ import torch.distributed as dist
 from ddpcourse.course import relay
 
 ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slow  # every test starts processes that import torch
 
 TIMEOUT = timedelta(seconds=10)
 
