@@ -406,11 +406,12 @@ def judge_refused(before_any_collective):
     def judge(seen):
         problems = [p for rank, mine in enumerate(seen) for p in value_problems(
             mine["first"], exact("padded", len(seen)), f"rank {rank}, before (padded)")]
-        for rank, mine in enumerate(mine["then"] for mine in seen):
-            if not mine["raised"]:
-                problems.append(f"rank {rank}: returned {mine['value']!r}, expected ValueError")
-            elif before_any_collective and (mine["collectives"] or mine["messages"]):
-                problems.append(f"rank {rank}: {len(mine['collectives'])} collectives before "
+        for rank, observed in enumerate(seen):
+            then = observed["then"]  # the case that must be refused, after the right answer
+            if not then["raised"]:
+                problems.append(f"rank {rank}: returned {then['value']!r}, expected ValueError")
+            elif before_any_collective and (then["collectives"] or then["messages"]):
+                problems.append(f"rank {rank}: {len(then['collectives'])} collectives before "
                                 "the ValueError; check the input first")
         return problems, ""
     return judge
