@@ -5,7 +5,7 @@ The project's tests grade dozens of wrong submissions of their own (tests/projec
 wrong_submissions): the grading workers grade several folders in one launch (--submissions
 A,B,...), so the jobs start once, not once per folder. Each folder's share (its report and
 its observations) is written where the grading tests replay it (COURSE_GRADING_JOBS=DIR reads
-DIR/<job name>.json and .pt, see tests/grading/jobs.py), and the real grading tests then judge
+DIR/<job name>.json and .pt, see ddpcourse/course/jobs.py), and the real grading tests then judge
 each folder from its share. Students are never graded this way: their code would share
 processes. `make grade-class` grades each student alone, in a sandbox of their own.
 
@@ -21,22 +21,20 @@ its own gets: a launch is stopped when the job's limit passes without an announc
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from ddpcourse.cluster.launch import launch
 from ddpcourse.course.job_checks import run_each_check
+from ddpcourse.course.jobs import TORCHRUN_JOBS, WORKERS, restartable
 from ddpcourse.exercises import ROOT
 
-GRADING_TESTS = ROOT / "tests" / "grading"
 ANNOUNCEMENT = re.compile(r"^### (\w+) (.+)$", re.M)
 
 
@@ -53,20 +51,9 @@ class Share:
         return {"returncode": self.returncode, "stdout": self.stdout, "stderr": self.stderr}
 
 
-def grading_module(relative: str):
-    """tests/grading/<relative> as a module: a lesson's JOBS, jobs.py, a worker's helpers."""
-    path = GRADING_TESTS / relative
-    if str(path.parent) not in sys.path:  # the grading modules import their jobs.py
-        sys.path.insert(0, str(path.parent))
-    spec = importlib.util.spec_from_file_location(f"grading_{path.stem}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def lesson_jobs(lesson: int) -> list:
-    """The torchrun jobs (tests/grading/jobs.Job) the grading tests of `lesson` read."""
-    return list(grading_module(f"test_lesson{lesson}.py").JOBS.values())
+    """The torchrun jobs (ddpcourse/course/jobs.Job) the grading tests of `lesson` read."""
+    return list(TORCHRUN_JOBS.get(lesson, {}).values())
 
 
 def launch_for(job, folders: list[str], work: Path, skip=()) -> subprocess.CompletedProcess:
@@ -80,9 +67,9 @@ def launch_for(job, folders: list[str], work: Path, skip=()) -> subprocess.Compl
         args += ["--work", tempfile.mkdtemp(prefix=f"{job.name}-", dir=work)]
         # and restarted up to twice more for each further submission whose code ends the
         # job (workers/lesson6_resume.py's ATTEMPTS): one submission gets job.restarts
-        options = grading_module("jobs.py").restartable(job.restarts + 2 * (len(folders) - 1))
+        options = restartable(job.restarts + 2 * (len(folders) - 1))
     options["env"] = dict(os.environ, **options.get("env", {}), COURSE_OBSERVATIONS=str(observed))
-    result = launch(str(GRADING_TESTS / "workers" / job.worker), args, nproc=job.nproc,
+    result = launch(str(WORKERS / job.worker), args, nproc=job.nproc,
                   nnodes=job.nnodes, timeout=job.timeout * len(folders),
                   progress=("### ", job.timeout), capture=True, echo=False, cwd=str(ROOT),
                   **options)

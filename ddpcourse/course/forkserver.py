@@ -356,15 +356,9 @@ def run(request: dict) -> int:
             if spec:
                 warnings._setoption(spec)  # what the interpreter does with -W
     sys.dont_write_bytecode = opts["B"] or bool(env.get("PYTHONDONTWRITEBYTECODE"))
-    if env.get("COURSE_JOB_CACHE"):  # the test session's job cache (tests/jobcache.py)
-        import importlib.util
+    if env.get("COURSE_JOB_CACHE"):  # the test session's job cache
+        from ddpcourse.cluster import jobcache
 
-        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests",
-                            "jobcache.py")
-        spec = importlib.util.spec_from_file_location("jobcache", path)
-        jobcache = importlib.util.module_from_spec(spec)
-        sys.modules["jobcache"] = jobcache
-        spec.loader.exec_module(jobcache)
         jobcache.install()
     threads = env.get("OMP_NUM_THREADS")
     if threads and threads.isdigit():  # torch read it when the server imported it

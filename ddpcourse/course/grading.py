@@ -646,7 +646,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def hidden_cases() -> str:
-    """One seed for every submission this grading run grades (tests/grading/hidden.py draws
+    """One seed for every submission this grading run grades (ddpcourse/course/hidden.py draws
     each test's hidden cases from it): the instructor's COURSE_HIDDEN_SEED, or one drawn now,
     said so that a re-grade can use it again."""
     if os.environ.get("COURSE_HIDDEN_SEED", "").strip():

@@ -1,6 +1,6 @@
 """A grading job's checks, each observed or ended: a mistake costs only the check it was in.
 
-A grading worker (tests/grading/workers/common.py) runs a lesson's checks one after another
+A grading worker (ddpcourse/course/workers/common.py) runs a lesson's checks one after another
 and writes, with its observations, how far it got (STATE: the checks planned, whether the
 exercises were imported, the check running, a check whose own group never formed). When a
 rank ends the job (os._exit, a crash, a kill, too much memory) or sticks, the checks after

@@ -16,18 +16,14 @@ reach RelayGroup's methods. Each rank also gets from the relay a secret of its o
 which the worker builds its inputs: no rank can compute another's, so the numbers must
 travel.
 
-Wire: frames of an 8-byte little-endian length and a `torch.save`d dict of data (numbers,
-strings, lists, dicts, plain tensors), read with `torch.load(weights_only=True)`: the same
-codec as the sandbox's replies (ddpcourse/course/sandbox.py), and bounded.
+Wire: the grader's frames (ddpcourse/course/frames.py), each a dict of data, bounded.
 """
 
 from __future__ import annotations
 
 import hashlib
-import io
 import secrets
 import socket
-import struct
 import threading
 from collections import defaultdict, deque
 from datetime import timedelta
@@ -35,7 +31,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-MAX_FRAME = 256 * 2**20
+from ddpcourse.course import frames
+
 REDUCE_NAMES = {dist.ReduceOp.SUM: "sum", dist.ReduceOp.PRODUCT: "product",
                 dist.ReduceOp.MIN: "min", dist.ReduceOp.MAX: "max",
                 dist.ReduceOp.BAND: "band", dist.ReduceOp.BOR: "bor",
@@ -51,14 +48,12 @@ COLLECTIVES = ("allreduce", "broadcast", "allgather", "allgather_base", "reduce_
 # --- frames --------------------------------------------------------------------------------
 
 def write_frame(sock: socket.socket, obj, lock: threading.Lock | None = None) -> None:
-    buffer = io.BytesIO()
-    torch.save(obj, buffer)
-    data = buffer.getvalue()
+    data = frames.encode(obj)
     if lock is None:
-        sock.sendall(struct.pack("<Q", len(data)) + data)
+        sock.sendall(data)
     else:
         with lock:
-            sock.sendall(struct.pack("<Q", len(data)) + data)
+            sock.sendall(data)
 
 
 def read_exactly(sock: socket.socket, n: int) -> bytes:
@@ -72,11 +67,8 @@ def read_exactly(sock: socket.socket, n: int) -> bytes:
     return b"".join(chunks)
 
 
-def read_frame(sock: socket.socket, limit: int = MAX_FRAME):
-    (size,) = struct.unpack("<Q", read_exactly(sock, 8))
-    if size > limit:
-        raise ValueError(f"a frame of {size} bytes, more than {limit}")
-    return torch.load(io.BytesIO(read_exactly(sock, size)), weights_only=True)
+def read_frame(sock: socket.socket):
+    return frames.read_frame(lambda n: read_exactly(sock, n))
 
 
 def digest(tensor: torch.Tensor) -> str:

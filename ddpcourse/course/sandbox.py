@@ -29,9 +29,7 @@ import atexit
 import builtins
 import ctypes
 import fcntl
-import io
 import os
-import pickle
 import select
 import shutil
 import signal
@@ -45,8 +43,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from ddpcourse.course import intake
-from ddpcourse.course.sandbox_child import MAX_REPLY
+from ddpcourse.course import frames, intake
 from ddpcourse.exercises import ROOT, exercise_folder
 
 MEMORY_LIMIT = int(float(os.environ.get("COURSE_SANDBOX_MEMORY_GB", "6")) * 2**30)
@@ -55,7 +52,7 @@ FIRST_UID = 62000            # sandbox users: 62000..62063, one per submission g
 UID_SLOTS = 64
 PR_SET_CHILD_SUBREAPER = 36
 # What of the course the child's scratch tree holds: the student release's files it needs.
-RELEASE_PARTS = ("ddpcourse", "tests/grading", "pyproject.toml")
+RELEASE_PARTS = ("ddpcourse", "pyproject.toml")
 
 
 class SubmissionError(RuntimeError):
@@ -283,7 +280,6 @@ class ZygoteChild:
     def start(cls, socket_path: str, request: dict, channels: tuple[int, int]):
         """A new sandbox from the zygote at socket_path; None if there is none (the caller
         starts one the slow way)."""
-        import json
         import socket
 
         out_r, out_w = os.pipe()
@@ -292,10 +288,10 @@ class ZygoteChild:
             with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
                 conn.settimeout(30)
                 conn.connect(socket_path)
-                body = json.dumps(request).encode()
-                socket.send_fds(conn, [struct.pack("<Q", len(body))],
+                frame = frames.encode(request)
+                socket.send_fds(conn, [frame[:frames.HEADER.size]],
                                 [*channels, out_w, status_w])
-                conn.sendall(body)
+                conn.sendall(frame[frames.HEADER.size:])
                 answer = conn.recv(8, socket.MSG_WAITALL)
             pid = struct.unpack("<q", answer)[0]
         except (OSError, struct.error):
@@ -380,7 +376,7 @@ class Submission:
     """A submission's exercises of one lesson, reached only through a child process.
 
     `submission.name(*args)` calls the exercise in the child; `submission.probe(name, ...)`
-    runs tests/grading/probes.py's function beside it; `submission.job(...)` launches a
+    runs ddpcourse/course/probes.py's function beside it; `submission.job(...)` launches a
     grading job there. Values come back as data; errors come back as the same built-in
     exception types (and, for the submission's own exception classes, judge-side classes of
     the same name); a crash, hang, exit or memory overrun fails the request with
@@ -419,7 +415,6 @@ class Submission:
                "TMPDIR": str(home / "tmp"), "PYTHONPATH": str(release),
                "PYTHONNOUSERSITE": "1", "PYTHONDONTWRITEBYTECODE": "1",
                "COURSE_SUBMISSION": str(scratch / "submission"), "COURSE_IMPL": "student",
-               "COURSE_PROBES": str(release / "tests" / "grading"),
                "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1",
                "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
         self._env = env
@@ -564,9 +559,8 @@ class Submission:
             self._start()
         self._seq += 1
         request = dict(request, seq=self._seq)
-        data = pickle.dumps(request)
+        data = frames.encode(request)
         try:
-            os.write(self._requests, struct.pack("<Q", len(data)))
             view = memoryview(data)
             while view:
                 view = view[os.write(self._requests, view):]
@@ -585,15 +579,13 @@ class Submission:
         return from_data(reply["value"])
 
     def _read_reply(self, timeout: float) -> dict:
-        import torch
 
         deadline = time.monotonic() + timeout
-        header = self._read(8, deadline, timeout)
-        size = struct.unpack("<Q", header)[0]
-        if size > MAX_REPLY:
-            raise SubmissionError(f"the submission's answer is over {MAX_REPLY} bytes")
-        data = self._read(size, deadline, timeout)
-        reply = torch.load(io.BytesIO(data), weights_only=True)
+        try:
+            reply = frames.read_frame(lambda n: self._read(n, deadline, timeout))
+        except frames.FrameTooLarge:
+            raise SubmissionError(f"the submission's answer is over {frames.LIMIT} bytes") \
+                from None
         if not isinstance(reply, dict):
             raise SubmissionError("the submission wrote on the grader's channel")
         return reply
@@ -658,7 +650,7 @@ class Submission:
     _options: dict = {}
 
     def probe(self, name: str, *args, refuse=(), env=None, **kwargs):
-        """tests/grading/probes.py's `name`(exercises, *args, **kwargs), run in the child."""
+        """ddpcourse/course/probes.py's `name`(exercises, *args, **kwargs), run in the child."""
         return self._request({"op": "probe", "name": name, "args": to_judge(args),
                               "kwargs": to_judge(kwargs),
                               "refuse": [*self._options.get("refuse", []), *refuse],
@@ -669,7 +661,7 @@ class Submission:
     def options(self, refuse=(), env=None, replace=None):
         """Calls made inside refuse these functions and see these environment variables; and
         replace {name: probe}: the submission's own function `name` is, for each of them,
-        tests/grading/probes.py's `probe` (the same arguments), so that an exercise that
+        ddpcourse/course/probes.py's `probe` (the same arguments), so that an exercise that
         builds on another is graded with the grader's version of that one."""
         saved = self._options
         self._options = {"refuse": [*saved.get("refuse", []), *refuse],
@@ -695,9 +687,9 @@ class Submission:
 
     def job(self, worker: str, script_args=(), timeout: float = 600, **launch) -> \
             subprocess.CompletedProcess:
-        """A grading worker (tests/grading/workers/<worker>) launched under torchrun by the
+        """A grading worker (ddpcourse/course/workers/<worker>) launched under torchrun by the
         child, so that every rank is inside the sandbox too."""
-        workers = "tests/grading/workers/" + worker
+        workers = "ddpcourse/course/workers/" + worker
         result = self._request({"op": "job", "worker": workers,
                                 "script_args": list(script_args),
                                 "launch": dict(launch, timeout=timeout)}, timeout=timeout + 60)
@@ -709,7 +701,7 @@ class Submission:
 
     def relayed_job(self, worker: str, nproc: int, nnodes: int = 1, args=(),
                     timeout: float = 60, refuse_collectives: bool = False) -> RelayedJob:
-        """A grading worker (tests/grading/workers/<worker>) run as nnodes x nproc ranks, each
+        """A grading worker (ddpcourse/course/workers/<worker>) run as nnodes x nproc ranks, each
         in a sandbox of its own whose one road to the others is the relay (relay.py), which
         this process holds. The ranks get the variables torchrun sets; each is stopped when
         `timeout` passes or the submission's memory goes over its limit."""
@@ -719,7 +711,7 @@ class Submission:
             self._request({"op": "world", "one": False})  # its scratch tree and user id
         world = nproc * nnodes
         relay = Relay(world, refuse_collectives=refuse_collectives)
-        workers = str(self._scratch / "release" / "tests" / "grading" / "workers" / worker)
+        workers = str(self._scratch / "release" / "ddpcourse" / "course" / "workers" / worker)
         ranks, retries = [], []
         try:
             for rank in range(world):

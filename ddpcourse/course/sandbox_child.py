@@ -2,7 +2,7 @@
 
 Started by ddpcourse/course/sandbox.py, never by hand. It reads requests on one pipe and
 answers on another: call a function of the submission, run one of the grader's probes
-(tests/grading/probes.py) beside it, or launch a grading job. Every answer is data
+(ddpcourse/course/probes.py) beside it, or launch a grading job. Every answer is data
 (numbers, strings, lists, dicts, plain tensors) written with torch.save, which the judge
 reads with torch.load(weights_only=True): no object of the submission's can come back. An
 object that is not data stays here as a numbered handle the judge may pass back.
@@ -21,10 +21,7 @@ import ctypes
 import dataclasses
 import fcntl
 import importlib
-import io
-import json
 import os
-import pickle
 import socket
 import struct
 import sys
@@ -34,9 +31,10 @@ import types
 from contextlib import ExitStack, contextmanager
 from datetime import timedelta
 
-MAX_REPLY = 256 * 2**20
+from ddpcourse.course import frames
+
 # What a grading worker prints when the job's own process group for a check could not form
-# in FORM_TRIES tries (tests/grading/workers/common.py): the job says nothing about the
+# in FORM_TRIES tries (ddpcourse/course/workers/common.py): the job says nothing about the
 # submission, and is launched again from that check (ddpcourse/course/job_checks.py).
 FORM_TRIES = 3
 HARNESS_FAILED = "### harness failed"
@@ -266,7 +264,7 @@ def refusing(targets: list[tuple[str, str, str]], module, replace: dict | None =
     """Each (module, attribute path, message): that attribute raises AssertionError(message)
     while the submission runs, and so does the submission's own name for it. Each
     {name: probe} of `replace`: the submission's own function `name` is, meanwhile,
-    tests/grading/probes.py's function `probe`, which takes the same arguments (an exercise
+    ddpcourse/course/probes.py's function `probe`, which takes the same arguments (an exercise
     graded with the grader's version of another one it builds on)."""
     with ExitStack() as stack:
         for module_name, path, message in targets:
@@ -282,8 +280,8 @@ def refusing(targets: list[tuple[str, str, str]], module, replace: dict | None =
             refuse_everywhere(stack, original, refuse)
         for name, probe in (replace or {}).items():
             if module is not None and hasattr(module, name):  # none: nothing can call it
-                swap(stack, module, name, getattr(importlib.import_module("probes"), probe),
-                     module)
+                probes = importlib.import_module("ddpcourse.course.probes")
+                swap(stack, module, name, getattr(probes, probe), module)
         yield
 
 
@@ -398,7 +396,7 @@ class Child:
             if op == "call":
                 value = getattr(module, request["name"])(*args, **kwargs)
             elif op == "probe":
-                probes = importlib.import_module("probes")
+                probes = importlib.import_module("ddpcourse.course.probes")
                 value = getattr(probes, request["name"])(module, *args, **kwargs)
             elif op == "has":
                 value = hasattr(module, request["name"])
@@ -408,7 +406,6 @@ class Child:
 
 
 def serve(requests: int, replies: int, lesson: int, fork_server: bool = True) -> None:
-    import torch
 
     child = Child(lesson, channels=(requests, replies))
     if fork_server:
@@ -416,29 +413,23 @@ def serve(requests: int, replies: int, lesson: int, fork_server: bool = True) ->
     reader = os.fdopen(requests, "rb", buffering=0)
     writer = os.fdopen(replies, "wb", buffering=0)
     while True:
-        header = reader.read(8)
-        if len(header) < 8:
+        try:
+            request = frames.read_frame(lambda n: read_exactly(reader, n), trusted=True)
+        except EOFError:  # the judge closed the channel
             return
-        request = pickle.loads(read_exactly(reader, struct.unpack("<Q", header)[0]))
         try:
             reply = {"seq": request["seq"], "value": child.handle(request)}
         except BaseException as error:  # SystemExit and pytest.exit included: data, no exit
             reply = {"seq": request["seq"], "raised": describe_error(error)}
-        buffer = io.BytesIO()
         try:
-            torch.save(reply, buffer)
+            data = frames.encode(reply)
         except Exception as error:
-            buffer = io.BytesIO()
-            torch.save({"seq": request["seq"], "raised": describe_error(
-                TypeError(f"the value returned is not data the grader can read: {error}"))},
-                buffer)
-        data = buffer.getvalue()
-        if len(data) > MAX_REPLY:
-            buffer = io.BytesIO()
-            torch.save({"seq": request["seq"], "raised": describe_error(ValueError(
-                f"the value returned is {len(data)} bytes, more than {MAX_REPLY}"))}, buffer)
-            data = buffer.getvalue()
-        writer.write(struct.pack("<Q", len(data)) + data)
+            data = frames.encode({"seq": request["seq"], "raised": describe_error(
+                TypeError(f"the value returned is not data the grader can read: {error}"))})
+        if len(data) - frames.HEADER.size > frames.LIMIT:
+            data = frames.encode({"seq": request["seq"], "raised": describe_error(ValueError(
+                f"the value returned is {len(data)} bytes, more than {frames.LIMIT}"))})
+        writer.write(data)
 
 
 def read_exactly(reader, n: int) -> bytes:
@@ -496,9 +487,10 @@ def zygote(sock_path: str) -> None:
             continue
         conn.settimeout(30)
         try:
-            head, fds, _, _ = socket.recv_fds(conn, 8, 4)
-            request = json.loads(read_exactly(conn.makefile("rb"), struct.unpack("<Q", head)[0]))
-        except (OSError, ValueError, EOFError):
+            head, fds, _, _ = socket.recv_fds(conn, frames.HEADER.size, 4)
+            body = read_exactly(conn.makefile("rb"), frames.body_size(head))
+            request = frames.decode(body, trusted=True)
+        except (OSError, ValueError, EOFError, struct.error):
             conn.close()
             continue
         pid = os.fork()
@@ -567,12 +559,12 @@ def start_sandbox(request: dict, fds: list[int]) -> None:
         import tempfile
         tempfile.tempdir = None  # the zygote's choice (/tmp) was cached: TMPDIR from now on
         sys.path[:] = [request["release"]] + sys.path[1:]  # not the zygote's own folder
+        import_from(request["release"])
         if isolated:
             isolate(request["root"], request["readable"], request["writable"], request["uid"])
         elif own_user:
             private_mounts(request["keep"], [os.environ["HOME"]])
         os.chdir(os.environ["HOME"])
-        sys.path.insert(0, os.environ["COURSE_PROBES"])
         if rank:
             run_rank(request, channels[0])
         serve(*channels, request["lesson"], request["fork_server"])
@@ -580,6 +572,14 @@ def start_sandbox(request: dict, fds: list[int]) -> None:
     except BaseException:
         traceback.print_exc()
         os._exit(70)
+
+
+def import_from(release: str) -> None:
+    """The course's packages that this process imported before it was a sandbox find their
+    modules in the release copy from now on: the checkout they came from is out of view."""
+    for name, module in list(sys.modules.items()):
+        if name.partition(".")[0] == "ddpcourse" and hasattr(module, "__path__"):
+            module.__path__ = [os.path.join(release, *name.split("."))]
 
 
 def enter_own_user_namespace(libc, namespaces: int) -> None:
@@ -637,7 +637,6 @@ def run_rank(request: dict, relay_fd: int) -> None:
     os.environ["COURSE_RELAY_FD"] = str(relay_fd)
     worker = request["worker"]
     sys.argv = [worker, *request.get("args", [])]
-    sys.path.insert(0, os.path.dirname(worker))
     code = 0
     try:
         runpy.run_path(worker, run_name="__main__")
@@ -664,10 +663,10 @@ def main() -> None:
     if args.zygote:
         zygote(args.zygote)
         return
+    import_from(os.environ["PYTHONPATH"])
     if args.uid >= 0:
         isolate(args.root, args.readable, args.writable, args.uid)
         os.chdir(os.environ["HOME"])
-    sys.path.insert(0, os.environ["COURSE_PROBES"])
     serve(args.requests, args.replies, args.lesson, not args.no_fork_server)
 
 

@@ -48,7 +48,7 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 # A dispatch mode sees every operator a thread calls, the c10d ones included: torch has no
-# public home for its base class (tests/grading/workers/traffic.py counts the same way).
+# public home for its base class.
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ddpcourse.cli import ArgumentParser

@@ -3,13 +3,13 @@
 import os
 
 import pytest
-from hidden import drawn
-from jobs import Job, graded, judged, verdict
 
+from ddpcourse.course.hidden import drawn
+from ddpcourse.course.jobs import TORCHRUN_JOBS, graded, judged, verdict
 from ddpcourse.topology import Process
 
 # world size -> its job: two simulated nodes of two processes
-JOBS = {4: Job("lesson1_W4", "lesson1_identity.py", nproc=2, nnodes=2, timeout=120)}
+JOBS = TORCHRUN_JOBS[1]
 
 
 @pytest.fixture(scope="module")

@@ -15,15 +15,16 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from hidden import drawn
-from jobs import (
+
+from ddpcourse.course.hidden import drawn
+from ddpcourse.course.jobs import (
     graded,
     judge_once,
     one_line_value_error,
     relayed_report,
     verdict,
 )
-from probes import (
+from ddpcourse.course.probes import (
     LESSON10_BLOCK,
     LESSON10_SHAPE,
     lesson10_attention,

@@ -11,10 +11,11 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from hidden import drawn
-from jobs import brief, difference, graded, relayed_report, verdict
-from probes import class_names, lesson3_data, lesson3_model
 from torch.utils.data import DistributedSampler, TensorDataset
+
+from ddpcourse.course.hidden import drawn
+from ddpcourse.course.jobs import brief, difference, graded, relayed_report, verdict
+from ddpcourse.course.probes import class_names, lesson3_data, lesson3_model
 
 JOBS = {}  # no torchrun job: every check is a relayed job of its own (report below)
 _secrets: list[int] = []  # the ranks' secrets of the job being judged

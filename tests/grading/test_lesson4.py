@@ -18,8 +18,9 @@ import math
 
 import pytest
 import torch
-from jobs import graded, relayed_report, verdict
-from probes import lesson4_data
+
+from ddpcourse.course.jobs import graded, relayed_report, verdict
+from ddpcourse.course.probes import lesson4_data
 
 JOBS = {}  # no torchrun job: every check is a relayed job of its own (relayed below)
 # world size -> (processes per node, nodes): 4 is two simulated nodes of two

@@ -6,11 +6,12 @@ both wherever SLURM is installed). The devices are checked in a real two-node jo
 import re
 
 import pytest
-from hidden import drawn
-from jobs import Job, graded, judged, verdict
+
+from ddpcourse.course.hidden import drawn
+from ddpcourse.course.jobs import TORCHRUN_JOBS, graded, judged, verdict
 
 # world size -> its job: two simulated nodes of two processes
-JOBS = {4: Job("lesson5_W4", "lesson5_devices.py", nproc=2, nnodes=2, timeout=120)}
+JOBS = TORCHRUN_JOBS[5]
 
 
 @pytest.fixture(scope="module")

@@ -12,18 +12,23 @@ from pathlib import Path
 
 import pytest
 import torch
-from jobs import WORKERS, Job, allow_the_launch, brief, difference, graded, run_job, will_launch
-from probes import snapshot_python_rng
 from torch.utils.data import DistributedSampler
 
 from ddpcourse.cluster.launch import launch
+from ddpcourse.course.jobs import (
+    TORCHRUN_JOBS,
+    WORKERS,
+    allow_the_launch,
+    brief,
+    difference,
+    graded,
+    run_job,
+    will_launch,
+)
+from ddpcourse.course.probes import snapshot_python_rng
 from ddpcourse.exercises import ROOT
 
-# world size -> its job. One restart is needed; the others let a restart that fails for
-# another reason (a busy machine) try again: a second resume starts from the resumed run's
-# own snapshots.
-JOBS = {w: Job(f"lesson6_W{w}", "lesson6_resume.py", nproc=w, timeout=240, restarts=3)
-        for w in (1, 2, 3)}
+JOBS = TORCHRUN_JOBS[6]  # world size -> its job
 
 
 @pytest.fixture(scope="module")

@@ -19,13 +19,14 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from jobs import (
+
+from ddpcourse.course.jobs import (
     graded,
     judge_once,
     relayed_report,
     verdict,
 )
-from probes import (
+from ddpcourse.course.probes import (
     CHANNELS,
     CONFIGS,
     STEPS,

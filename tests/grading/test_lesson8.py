@@ -14,13 +14,14 @@ import math
 import pytest
 import torch
 import torch.nn as nn
-from jobs import (
+
+from ddpcourse.course.jobs import (
     graded,
     judge_once,
     relayed_report,
     verdict,
 )
-from probes import (
+from ddpcourse.course.probes import (
     HIDDEN,
     PIPELINE_RUNS,
     ZERO_STEPS,

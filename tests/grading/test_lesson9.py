@@ -8,7 +8,9 @@ and sub-groups, every collective it starts in the relay's record."""
 
 import pytest
 import torch
-from jobs import (
+from torch.utils.data import DataLoader, DistributedSampler
+
+from ddpcourse.course.jobs import (
     brief,
     difference,
     graded,
@@ -17,8 +19,13 @@ from jobs import (
     relayed_report,
     verdict,
 )
-from probes import class_names, lesson9_case, lesson9_groups, lesson9_loader, lesson9_truth
-from torch.utils.data import DataLoader, DistributedSampler
+from ddpcourse.course.probes import (
+    class_names,
+    lesson9_case,
+    lesson9_groups,
+    lesson9_loader,
+    lesson9_truth,
+)
 
 JOBS = {}  # no torchrun job: every check is a relayed job of its own (report below)
 

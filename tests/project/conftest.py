@@ -1,8 +1,9 @@
 """The course's own tests share each job and start their Python processes from a fork server.
 
 COURSE_JOB_CACHE: a lesson script's job with the same arguments runs once per session (see
-tests/jobcache.py). COURSE_FORKSERVER: a folder with stand-ins for `python` and `torchrun`
-whose processes are forks of a server that has imported torch (see ddpcourse/course/forkserver.py).
+ddpcourse/cluster/jobcache.py). COURSE_FORKSERVER: a folder with stand-ins for `python` and
+`torchrun` whose processes are forks of a server that has imported torch (see
+ddpcourse/course/forkserver.py).
 Set COURSE_FORKSERVER_OFF=1 to run every process with the real interpreter.
 """
 
@@ -11,16 +12,13 @@ import shutil
 import sys
 import tempfile
 import time
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import jobcache  # noqa: E402
-from jobcache import JOB_CACHE  # noqa: E402
-
-from ddpcourse.course import forkserver  # noqa: E402
-from ddpcourse.course.sandbox import zygote_for_this_process  # noqa: E402
+from ddpcourse.cluster import jobcache
+from ddpcourse.cluster.jobcache import JOB_CACHE
+from ddpcourse.course import forkserver
+from ddpcourse.course.sandbox import zygote_for_this_process
 
 FORKSERVER = "COURSE_FORKSERVER"
 

@@ -233,7 +233,7 @@ ex.close()
 
 # --- a verdict forged beside the grader's probe ---------------------------------------------
 
-# The grader's probes (tests/grading/probes.py) run in the submission's process, where the
+# The grader's probes (ddpcourse/course/probes.py) run in the submission's process, where the
 # submission may have replaced any function: a probe that compared there would report the
 # submission's answer. The mistake reseeds torch's global generator, which lesson 6's
 # GENERATOR_TEST checks through the probe global_generator_after.

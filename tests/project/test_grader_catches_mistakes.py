@@ -11,7 +11,7 @@ of its own, so the exercise that builds on it is the reference's and must keep f
 
 To stay fast, each grading worker is launched once per world size for all the folders of a
 lesson (--submissions A,B,...), and then the real grading tests score each folder from its
-share of those jobs (COURSE_GRADING_JOBS: see tests/grading/jobs.py) instead of launching
+share of those jobs (COURSE_GRADING_JOBS: see ddpcourse/course/jobs.py) instead of launching
 their own: ddpcourse/course/batched_jobs.py, which `make grade-class` uses too.
 """
 

@@ -7,9 +7,8 @@ import shutil
 import subprocess
 
 import pytest
-from util import ROOT
+from util import ROOT, grading_tests
 
-from ddpcourse.course.batched_jobs import grading_module
 from ddpcourse.exercises import load_exercises
 
 pytestmark = pytest.mark.skipif(not (ROOT / "solutions").is_dir(),
@@ -19,7 +18,7 @@ pytestmark = pytest.mark.skipif(not (ROOT / "solutions").is_dir(),
 @pytest.mark.skipif(shutil.which("scontrol") is None,
                     reason="SLURM is not installed (apt-get install slurm-wlm)")
 def test_graded_node_lists_expand_as_scontrol_expands_them(tmp_path, monkeypatch):
-    grading = grading_module("test_lesson5.py")
+    grading = grading_tests(5)
     monkeypatch.setenv("COURSE_IMPL", "solutions")
     reference = load_exercises(5)
     # scontrol needs a configuration to start, though expanding a list asks no daemon.

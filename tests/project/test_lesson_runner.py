@@ -4,9 +4,9 @@ import os
 import time
 
 import pytest
-from jobcache import JOB_CACHE, shared_job_cache
 from util import PYTHON, ROOT, run
 
+from ddpcourse.cluster.jobcache import JOB_CACHE, shared_job_cache
 from ddpcourse.cluster.launch import launch
 from ddpcourse.course.lessons import Step, Target, run_target, shown
 
@@ -78,7 +78,7 @@ def test_a_lesson_job_runs_once_per_test_session(tmp_path, monkeypatch):
                    env=dict(os.environ, TORCH_DISTRIBUTED_DEBUG="INFO"))
     assert other.returncode == 0 and other.stdout != first.stdout
     # Grading workers always run: their result depends on the submission being graded.
-    worker = ROOT / "tests" / "grading" / "workers" / "lesson3_ddp.py"
+    worker = ROOT / "ddpcourse" / "course" / "workers" / "lesson3_ddp.py"
     assert shared_job_cache(str(worker), [], 2, 1, "", dict(os.environ), None, True) is None
     assert shared_job_cache("scripts/lesson1_whoami.py", [], 2, 1, "", dict(os.environ),
                             None, capture=False) is None

@@ -133,6 +133,18 @@ def test_a_lesson_s_reading_is_at_most_400_lines(reading):
     assert len(reading.read_text().splitlines()) <= 400
 
 
+@pytest.mark.parametrize("folder", sorted((ROOT / "lessons").glob("lesson*/")),
+                         ids=lambda p: p.name)
+def test_a_lesson_s_core_path_is_at_most_2000_words(folder):
+    """The hour a newcomer has: what is not under an "Under the hood" heading or on an extra
+    page, counted the strict way (`torch.distributed` is two words)."""
+    from ddpcourse.course.readings import CORE_LIMIT, lesson_words
+
+    core, _, _ = lesson_words(folder)
+    assert core <= CORE_LIMIT, (f"{folder.name}'s core path is {core} words; move "
+                                f"{core - CORE_LIMIT} or more under an \"Under the hood\" heading")
+
+
 def test_no_page_shows_a_path_of_the_machine_it_was_written_on():
     """Output pasted into a page names the course's files relative to it (`.venv/bin/torchrun`,
     `runs/x.pt`), never where the author's checkout happened to be."""

@@ -19,6 +19,18 @@ PYTHON = sys.executable  # a fork server's stand-in (tests/project/conftest.py)
 REAL_PYTHON = os.environ.get("COURSE_REAL_PYTHON", sys.executable)
 
 
+def grading_tests(lesson: int):
+    """tests/grading/test_lessonN.py as a module, for tests that read its cases (its name
+    would clash with tests/project/test_lessonN.py under pytest's own import)."""
+    import importlib.util
+
+    path = ROOT / "tests" / "grading" / f"test_lesson{lesson}.py"
+    spec = importlib.util.spec_from_file_location(f"grading_test_lesson{lesson}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def machine_load() -> str:
     """'load average 7.9 on 2 cores', and whether that is more than the cores: for the message
     of a test that waited for something in bounded time, so that a failure on a loaded
@@ -109,7 +121,7 @@ def group_fails(folder: Path, times: int, every_launch: bool, lesson: int = 1):
     """A right submission of `lesson` in `folder` whose grading job cannot form its first
     check's group `times` times on every rank of its first launch (or of every launch), as
     gloo once failed to
-    connect in a fresh job in CI: the ranks try again together (tests/grading/workers/
+    connect in a fresh job in CI: the ranks try again together (ddpcourse/course/workers/
     common.py), and a job that still fails says so and is launched once more from that check
     (ddpcourse/course/job_checks.py), at no cost to the student.
     Returns a function listing the marks it left in this machine's /tmp (none where it ran

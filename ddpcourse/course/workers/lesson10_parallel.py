@@ -28,22 +28,23 @@ must travel.
                local experts, and an expert id out of range: each a ValueError, and the
                collectives meanwhile.
 
-    python tests/grading/workers/lesson10_parallel.py --check ring   (as a relayed rank)
+    python ddpcourse/course/workers/lesson10_parallel.py --check ring   (as a relayed rank)
 """
 
 from datetime import timedelta
 
-import common
 import torch
 import torch.distributed as dist
-from common import RANK, WORLD, case, one_line, relayed_rank
-from probes import (
+from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
+
+from ddpcourse.course.probes import (
     lesson10_attention_block,
     lesson10_experts,
     lesson10_share,
     lesson10_sub_groups,
 )
-from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
+from ddpcourse.course.workers import common
+from ddpcourse.course.workers.common import RANK, WORLD, case, one_line, relayed_rank
 
 # Short: code that leaves a rank waiting (a message never sent) costs its check this long.
 GROUP_TIMEOUT = timedelta(seconds=20)

@@ -15,7 +15,8 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
-from common import RANK, WORLD, observe_each_submission
+
+from ddpcourse.course.workers.common import RANK, WORLD, observe_each_submission
 
 GROUP_TIMEOUT = timedelta(seconds=30)
 LOCAL_WORLD = int(os.environ["LOCAL_WORLD_SIZE"])

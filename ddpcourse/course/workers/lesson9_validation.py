@@ -14,15 +14,16 @@ judges.
 Before each of the last two, the padded case once more: code that always raises earns
 nothing there.
 
-    python tests/grading/workers/lesson9_validation.py --check padded   (as a relayed rank)
+    python ddpcourse/course/workers/lesson9_validation.py --check padded   (as a relayed rank)
 """
 
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
-from common import RANK, WORLD, case, one_line, relayed_rank
-from probes import lesson9_groups, lesson9_shares
+
+from ddpcourse.course.probes import lesson9_groups, lesson9_shares
+from ddpcourse.course.workers.common import RANK, WORLD, case, one_line, relayed_rank
 
 # Short: a submission that leaves some ranks waiting (raising on one rank only) costs its
 # check this long.

@@ -48,15 +48,26 @@ def graded(lesson: int):
 
 @dataclass(frozen=True)
 class Job:
-    """One torchrun job of a lesson's grading. Each tests/grading/test_lessonN.py lists its
-    jobs in JOBS, so the project's own tests can launch the same jobs for many submissions
-    (tests/project/test_grader_catches_mistakes.py)."""
+    """One torchrun job of a lesson's grading (TORCHRUN_JOBS), which the project's own tests
+    also launch for many submissions at once (ddpcourse/course/batched_jobs.py)."""
     name: str            # lesson4_W3: the file its result is replayed from
     worker: str          # a file in workers/
     nproc: int
     nnodes: int = 1
     timeout: float = 150
     restarts: int = 0    # > 0: the worker is killed and torchrun restarts it (lesson 6)
+
+
+# The lessons graded by torchrun jobs ({lesson: {world size: job}}); every other lesson's
+# multi-rank checks are relayed jobs, one per check (sandbox.Submission.relayed_job).
+# Lesson 6: one restart is needed; the others let a restart that fails for another reason
+# (a busy machine) try again, a second resume starting from the resumed run's own snapshots.
+TORCHRUN_JOBS = {
+    1: {4: Job("lesson1_W4", "lesson1_identity.py", nproc=2, nnodes=2, timeout=120)},
+    5: {4: Job("lesson5_W4", "lesson5_devices.py", nproc=2, nnodes=2, timeout=120)},
+    6: {w: Job(f"lesson6_W{w}", "lesson6_resume.py", nproc=w, timeout=240, restarts=3)
+        for w in (1, 2, 3)},
+}
 
 
 def run_job(job: Job, **launch_args) -> subprocess.CompletedProcess:

@@ -8,7 +8,7 @@ cover the node, in local-rank order). --submissions A,B,... grades several folde
 import os
 from datetime import timedelta
 
-from common import observe_each_submission
+from ddpcourse.course.workers.common import observe_each_submission
 
 GPUS_PER_NODE = 6  # 3 per process, unlike the 2 processes per node: neither stands in for the other
 

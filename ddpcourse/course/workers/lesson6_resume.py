@@ -34,7 +34,9 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.distributed as dist
-from common import (
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from ddpcourse.course.workers.common import (
     RANK,
     WORLD,
     announce,
@@ -47,7 +49,6 @@ from common import (
     write_observations,
     write_progress,
 )
-from torch.nn.parallel import DistributedDataParallel as DDP
 
 SAMPLES, GLOBAL_BATCH, EPOCHS = 96, 24, 3   # 4 steps per epoch, 12 in all
 SNAPSHOT_EVERY, KILL_STEP = 3, 8            # killed mid-epoch 2, after the snapshot at 6

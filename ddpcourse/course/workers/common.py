@@ -3,7 +3,7 @@
 A worker runs in the submission's sandbox, beside its code, so it decides nothing: each check
 returns what it observed (the submission's results, the samples it read, the messages it
 sent) as data, and rank 0 writes every rank's observations to the file COURSE_OBSERVATIONS
-names; the grading tests judge them in their own process (tests/grading/jobs.py).
+names; the grading tests judge them in their own process (ddpcourse/course/jobs.py).
 
 Each check runs in a process group of its own, so code that hangs, or leaves messages
 behind, spoils only its own check. Observations travel through the launcher's key-value

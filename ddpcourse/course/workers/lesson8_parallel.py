@@ -37,19 +37,20 @@ compute the other's side: activations and gradients must travel.
                      in 3 micro-batches and a batch of 8 in 0. One case each: what it raised,
                      and the relay's messages and collectives meanwhile.
 
-    python tests/grading/workers/lesson8_parallel.py --check zero1   (as a relayed rank)
+    python ddpcourse/course/workers/lesson8_parallel.py --check zero1   (as a relayed rank)
 """
 
 import importlib
 from contextlib import contextmanager
 from datetime import timedelta
 
-import common
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from common import RANK, WORLD, case, end_case, one_line, relayed_rank
-from probes import (
+from torch.distributed.optim import ZeroRedundancyOptimizer
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from ddpcourse.course.probes import (
     HIDDEN,
     PIPELINE_RUNS,
     ZERO_BATCH,
@@ -58,10 +59,10 @@ from probes import (
     lesson8_pipeline_batch,
     lesson8_zero_batch,
 )
-from probes import lesson8_stages as stages
-from probes import lesson8_zero_model as zero_model
-from torch.distributed.optim import ZeroRedundancyOptimizer
-from torch.nn.parallel import DistributedDataParallel as DDP
+from ddpcourse.course.probes import lesson8_stages as stages
+from ddpcourse.course.probes import lesson8_zero_model as zero_model
+from ddpcourse.course.workers import common
+from ddpcourse.course.workers.common import RANK, WORLD, case, end_case, one_line, relayed_rank
 
 GROUP_TIMEOUT = timedelta(seconds=30)  # as the other lessons: room for a loaded machine
 # A pipeline refusal case's group: a stage that did not refuse and waits for the other, which

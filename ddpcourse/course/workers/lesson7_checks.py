@@ -47,20 +47,20 @@ micro-batches per rank; the reference is one process on each step's big batch.
   accumulate_loss       each step returned this rank's mean of its K micro-batches'
                         losses, computed with the parameters the step started from.
 
-    python tests/grading/workers/lesson7_checks.py --check bucketed   (as a relayed rank)
+    python ddpcourse/course/workers/lesson7_checks.py --check bucketed   (as a relayed rank)
 """
 
 import sys
 from contextlib import contextmanager
 from datetime import timedelta
 
-import common
 import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 import torch.nn.functional as F
-from common import RANK, WORLD, case, relayed_rank
-from probes import (
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from ddpcourse.course.probes import (
     CHANNELS,
     CONFIGS,
     STEPS,
@@ -73,9 +73,9 @@ from probes import (
     sync_bn_group_calls,
     sync_bn_inputs,
 )
-from torch.nn.parallel import DistributedDataParallel as DDP
-
 from ddpcourse.course.relay import RelayGroup, RelayWork
+from ddpcourse.course.workers import common
+from ddpcourse.course.workers.common import RANK, WORLD, case, relayed_rank
 
 # The relay group's methods that start a collective (all but send and recv; the others, as
 # allreduce_coalesced, call one of these).

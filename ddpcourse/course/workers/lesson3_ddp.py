@@ -13,20 +13,21 @@ reports the trained parameters and the indices read; the values all-reduced are 
 record. The judge compares them with one-device training, DistributedSampler's shares and
 the parameter count.
 
-    python tests/grading/workers/lesson3_ddp.py --check train_ddp   (as a relayed rank)
+    python ddpcourse/course/workers/lesson3_ddp.py --check train_ddp   (as a relayed rank)
 """
 
 from datetime import timedelta
 
-import common
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from common import RANK, WORLD, case, relayed_rank
-from probes import lesson3_data as data
-from probes import lesson3_model as small_model
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import Dataset
+
+from ddpcourse.course.probes import lesson3_data as data
+from ddpcourse.course.probes import lesson3_model as small_model
+from ddpcourse.course.workers import common
+from ddpcourse.course.workers.common import RANK, WORLD, case, relayed_rank
 
 GROUP_TIMEOUT = timedelta(seconds=30)
 torch.set_num_threads(1)

@@ -9,16 +9,17 @@ refuses every ready-made collective. Each rank's inputs come from a secret the r
 rank alone, so a rank cannot compute another's numbers: they must travel. The rank notes each
 case's start to the relay, which files what follows under it.
 
-    python tests/grading/workers/lesson4_checks.py --check ring_allreduce   (as a relayed rank)
+    python ddpcourse/course/workers/lesson4_checks.py --check ring_allreduce   (as a relayed rank)
 """
 
 from datetime import timedelta
 
-import common
 import torch
 import torch.distributed as dist
-from common import RANK, WORLD, case, relayed_rank
-from probes import lesson4_data
+
+from ddpcourse.course.probes import lesson4_data
+from ddpcourse.course.workers import common
+from ddpcourse.course.workers.common import RANK, WORLD, case, relayed_rank
 
 GROUP_TIMEOUT = timedelta(seconds=10)   # a check's process group: a stuck call fails after this
 HANG_TIMEOUT = timedelta(seconds=4)     # the fix_hang check: a wrong fix must fail fast
