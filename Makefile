@@ -41,7 +41,7 @@ OPTS    := --nproc '$(NPROC)' --nnodes '$(NNODES)' --port '$(PORT)' --timeout '$
 # Checks NPROC/NNODES/PORT with the system Python before anything is installed or started.
 CHECK   := $(PYTHON) -m ddpcourse.cluster.launch --check $(OPTS)
 
-.PHONY: help setup setup-lesson9 bench test test-busy test-fast test-grading test-drills test-notebooks test-lesson9 test-lesson10 lint grade grade-class notebooks site site-test figures \
+.PHONY: help setup setup-lesson9 bench test test-busy test-fast test-grading test-drills test-cluster test-notebooks test-lesson9 test-lesson10 lint grade grade-class notebooks site site-test figures \
         student-release gradescope classroom-workflow clean
 
 help: ## list the targets
@@ -100,10 +100,13 @@ TEST_WORKERS ?= 3
 test: setup ## lint, then the test suite (solutions full marks, stubs zero, every script and drill)
 	$(VPY) -m ruff check .
 	$(VPY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=15 \
-		-m "not notebook and not lesson9 and not lesson10 and not grading_heavy and not drills"
+		-m "not notebook and not lesson9 and not lesson10 and not grading_heavy and not drills and not cluster"
 
 test-drills: setup ## the error index's reproductions and lesson 6's drills (main first, a node lost, a SLURM requeue), run whole (about 3 minutes)
 	$(VPY) -m pytest -q -n 2 -m drills
+
+test-cluster: setup ## lesson 5's separate hosts and SLURM cluster, the SLURM grading array (root, iproute2, slurm-wlm, munge; else they skip)
+	$(VPY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m cluster
 
 test-grading: setup ## lessons 6-8's wrong submissions and every lesson's process-ending mistake graded: each loses exactly its points
 	$(VPY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m grading_heavy
@@ -209,10 +212,10 @@ gradescope: ## Gradescope's autograder for [LESSON=n]: build/gradescope/autograd
 		--zip '$(GRADESCOPE)/autograder$(if $(LESSON),-lesson$(LESSON)).zip'
 
 # Checked with the system Python before `setup` installs anything.
-classroom-workflow: ## GitHub Classroom's workflow, GRADER=owner/repo@commit, to CLASSROOM_WORKFLOW (build/classroom.yml)
+classroom-workflow: ## GitHub Classroom's workflow, GRADER=owner/repo@commit [LESSON=n: that lesson alone], to CLASSROOM_WORKFLOW (build/classroom.yml)
 	@$(PYTHON) -m ddpcourse.course.classroom check-grader -- '$(GRADER)'
 	@$(MAKE) --no-print-directory setup
-	@$(VPY) -m ddpcourse.course.classroom workflow --grader='$(GRADER)' --out '$(CLASSROOM_WORKFLOW)'
+	@$(VPY) -m ddpcourse.course.classroom workflow --grader='$(GRADER)' --lesson '$(LESSON)' --out '$(CLASSROOM_WORKFLOW)'
 
 clean: ## remove build outputs and runs (keeps .venv)
 	rm -rf build runs .pytest_cache .ruff_cache

@@ -23,7 +23,7 @@ which grades with `--submission ../student` (the grader reads only the lessons' 
 The points come from the grader alone (each grading test's `points(n)`): `make
 classroom-workflow` writes the workflow from them.
 
-    python -m ddpcourse.course.classroom workflow --grader OWNER/REPO@COMMIT [--out PATH]
+    python -m ddpcourse.course.classroom workflow --grader OWNER/REPO@COMMIT [--lesson N] [--out F]
     python -m ddpcourse.course.classroom check-grader OWNER/REPO@COMMIT
     python -m ddpcourse.course.classroom report GRADES_DIR EXERCISE --max-score P
 """
@@ -150,14 +150,25 @@ def grader_pin(value: str) -> tuple[str, str]:
     return pin["repo"], pin["commit"]
 
 
-def workflow_text(points: dict[str, float], grader: str) -> str:
+def graded_lessons(lesson_number: int | None = None) -> list:
+    """The lessons with exercises, or the one numbered lesson_number (SystemExit if none)."""
+    graded = [lesson for lesson in all_lessons() if lesson.exercises]
+    if lesson_number is None:
+        return graded
+    if not any(lesson.number == lesson_number for lesson in graded):
+        numbers = ", ".join(str(lesson.number) for lesson in graded)
+        raise SystemExit(f"error: LESSON={lesson_number}: no graded lesson has that number "
+                         f"(graded lessons: {numbers})")
+    return [lesson for lesson in graded if lesson.number == lesson_number]
+
+
+def workflow_text(points: dict[str, float], grader: str, lesson_number: int | None = None) -> str:
     """The workflow: check out the push and the pinned grader, set up the grader, then per
-    lesson one grading run and a step per exercise."""
+    lesson one grading run and a step per exercise; with lesson_number, that lesson alone
+    (an assignment per lesson: a push grades only its lesson)."""
     repo, commit = grader_pin(grader)
     steps, runners, lines = [], [], []
-    for lesson in all_lessons():
-        if not lesson.exercises:
-            continue
+    for lesson in graded_lessons(lesson_number):
         steps.append(LESSON_STEP.format(n=lesson.number))
         lines.append("            " + ",".join(lesson.exercises) + ",")
         for exercise in lesson.exercises:
@@ -214,6 +225,15 @@ def cmd_report(args) -> int:
     return 0
 
 
+def lesson_or_all(value: str) -> int | None:
+    """LESSON= from make: empty means every lesson."""
+    if not value.strip():
+        return None
+    if not value.strip().isdigit():
+        raise argparse.ArgumentTypeError(f"{value!r} is not a lesson number")
+    return int(value)
+
+
 def cmd_check_grader(args) -> int:
     grader_pin(args.grader)
     return 0
@@ -221,7 +241,8 @@ def cmd_check_grader(args) -> int:
 
 def cmd_workflow(args) -> int:
     grader_pin(args.grader)  # before the grading tests' collection, which takes seconds
-    text = workflow_text(grader_points(), args.grader)
+    graded_lessons(args.lesson)
+    text = workflow_text(grader_points(), args.grader, args.lesson)
     if args.out is None:
         sys.stdout.write(text)
         return 0
@@ -238,6 +259,8 @@ def main(argv: list[str] | None = None) -> int:
     write.add_argument("--grader", required=True, help="owner/repo@commit of the student "
                        "release whose grader the workflow runs")
     write.add_argument("--out", type=Path, default=None, help="a file (default: stdout)")
+    write.add_argument("--lesson", type=lesson_or_all, default=None,
+                       help="grade this lesson alone (default: every graded lesson)")
     write.set_defaults(func=cmd_workflow)
     check = sub.add_parser("check-grader", help="fail, in one line, unless this is "
                            "owner/repo@commit (the system Python can run it: no .venv yet)")

@@ -41,6 +41,7 @@ class GradedTest:
     points: float    # what passing it is worth
     outcome: str     # passed, failed, crashed, skipped, not run
     message: str     # why it did not pass ('' when it did)
+    hidden_cases: bool = False  # it drew cases the release does not show (hidden.py)
 
     @property
     def name(self) -> str:
@@ -64,7 +65,7 @@ def graded_tests(out_dir: Path) -> list[GradedTest]:
         message = "" if outcome == "passed" else explain(outcome, said.get(junit_address(nodeid),
                                                                            ""))
         graded.append(GradedTest(nodeid, test["exercise"], float(test["points"]), outcome,
-                                 message))
+                                 message, bool(test.get("hidden_cases"))))
     return graded
 
 

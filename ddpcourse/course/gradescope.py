@@ -21,9 +21,11 @@ it did not pass, what it said. The standard library only, up to the grading itse
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
 import os
 import re
+import secrets
 import stat
 import sys
 import tempfile
@@ -35,6 +37,7 @@ from ddpcourse.course import intake
 from ddpcourse.course.feedback import graded_tests
 from ddpcourse.course.grading import lesson_number, run_grading, score_table, summarise
 from ddpcourse.course.lessons import all_lessons
+from ddpcourse.course.term import lesson_of
 from ddpcourse.exercises import ROOT
 
 SETUP = """#!/usr/bin/env bash
@@ -62,6 +65,9 @@ RUN_AUTOGRADER = """#!/usr/bin/env bash
 # AUTOGRADER_ROOT: a folder laid out as /autograder to use instead (the course's tests use one);
 # COURSE_PYTHON: an interpreter with the course's requirements instead of setup.sh's .venv.
 set -euo pipefail
+# The seed of the hidden cases (ddpcourse/course/hidden.py): one per zip, so every submission
+# of the assignment is graded on the same ones; the zip is the instructor's, never a student's.
+export COURSE_HIDDEN_SEED='{seed}'
 root=${{AUTOGRADER_ROOT:-/autograder}}
 cd "$root/source"
 exec "${{COURSE_PYTHON:-$root/source/.venv/bin/python}}" -m ddpcourse.course.gradescope \\
@@ -71,14 +77,24 @@ exec "${{COURSE_PYTHON:-$root/source/.venv/bin/python}}" -m ddpcourse.course.gra
 EXECUTABLE = 0o755
 
 
+HELD_BACK = """Not passed. This test also checks cases drawn at grading time, which the course \
+does not show: what it said comes after the due date, in the entry below it. The cases written \
+in the test are yours to run: `make grade LESSON={lesson}` in your copy of the course, or \
+`.venv/bin/pytest tests/grading -m {exercise}`."""
+
+
 class SubmissionError(Exception):
     """The submission holds nothing the grader can read; the message says what to upload."""
 
 
 # --- the zip ---------------------------------------------------------------------------------
 
-def build(release: Path, zip_path: Path, lesson: int | None) -> Path:
-    """Gradescope's zip: the files of the student release at `release`, and the two scripts."""
+def build(release: Path, zip_path: Path, lesson: int | None, seed: str) -> Path:
+    """Gradescope's zip: the files of the student release at `release`, and the two scripts,
+    run_autograder holding the hidden cases' seed."""
+    if not re.fullmatch(r"[0-9A-Za-z_-]{1,64}", seed):
+        raise SystemExit(f"error: COURSE_HIDDEN_SEED={seed!r}: use letters, digits, - and _ "
+                         "(at most 64)")
     release = Path(release)
     if not (release / "tests" / "grading").is_dir() or (release / "solutions").exists():
         raise SystemExit(f"error: {release} is not a student release (make student-release)")
@@ -87,7 +103,7 @@ def build(release: Path, zip_path: Path, lesson: int | None) -> Path:
         raise SystemExit(f"error: lesson {lesson} has no graded exercises")
     scripts = {"setup.sh": SETUP,
                "run_autograder": RUN_AUTOGRADER.format(
-                   lesson="" if lesson is None else lesson,
+                   lesson="" if lesson is None else lesson, seed=seed,
                    what=f"lesson {lesson}" if lesson else "every lesson")}
     zip_path = Path(zip_path)
     zip_path.parent.mkdir(parents=True, exist_ok=True)
@@ -165,9 +181,18 @@ def gradescope_results(out_dir: Path, uploaded: Path, lesson: int | None) -> dic
     def shown(text: str) -> str:
         return text.replace(f"{uploaded.resolve()}/", "")
 
-    entries = [{"name": f"{t.exercise}: {t.name}", "score": t.earned, "max_score": t.points,
-                "status": "passed" if t.outcome == "passed" else "failed",
-                "output": shown(t.message) if t.message else "Passed."} for t in tests]
+    entries = []
+    for t in tests:
+        entry = {"name": f"{t.exercise}: {t.name}", "score": t.earned, "max_score": t.points,
+                 "status": "passed" if t.outcome == "passed" else "failed",
+                 "output": shown(t.message) if t.message else "Passed."}
+        entries.append(entry)
+        if t.message and t.hidden_cases:
+            # The message may name a case drawn at grading time: shown after the due date.
+            entry["output"] = HELD_BACK.format(lesson=lesson_of(t.exercise), exercise=t.exercise)
+            entries.append({"name": f"{t.exercise}: {t.name}, what it said", "score": 0,
+                            "max_score": 0, "status": "failed", "visibility": "after_due_date",
+                            "output": shown(t.message)})
     scores = summarise({t.nodeid: {"exercise": t.exercise, "points": t.points,
                                    "outcome": t.outcome} for t in tests})
     graded = f"lesson {lesson}" if lesson else "every lesson"
@@ -176,6 +201,24 @@ def gradescope_results(out_dir: Path, uploaded: Path, lesson: int | None) -> dic
               f"the course with `{rerun}`, one exercise with `.venv/bin/pytest tests/grading "
               f"-m <exercise>`.\n\n{score_table(scores)}")
     return {"score": sum(t.earned for t in tests), "output": output, "tests": entries}
+
+
+def lateness(metadata: Path) -> str:
+    """'Submitted ... after the due date' from Gradescope's submission_metadata.json
+    (created_at, assignment.due_date), or '' when on time or unknown. Gradescope applies the
+    assignment's own late policy to the score; this says so to the student."""
+    try:
+        data = json.loads(metadata.read_text())
+        created = dt.datetime.fromisoformat(data["created_at"])
+        due = dt.datetime.fromisoformat(data["assignment"]["due_date"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return ""
+    if created <= due:
+        return ""
+    hours = (created - due).total_seconds() / 3600
+    after = f"{hours / 24:.1f} days" if hours >= 24 else f"{hours:.1f} hours"
+    return (f"Submitted {after} after the due date ({due.isoformat()}): the assignment's late "
+            "policy applies to this score.")
 
 
 def grade(root: Path, lesson: int | None) -> dict:
@@ -193,6 +236,9 @@ def grade(root: Path, lesson: int | None) -> dict:
             out_dir = ROOT / "build" / "grades" / "gradescope"
             run_grading(lesson, out_dir, submission=str(graded))
             results = gradescope_results(out_dir, uploaded, lesson)
+    late = lateness(root / "submission_metadata.json")
+    if late:
+        results["output"] = f"{late}\n\n{results['output']}"
     results["execution_time"] = round(time.monotonic() - started)
     (root / "results").mkdir(parents=True, exist_ok=True)
     (root / "results" / "results.json").write_text(json.dumps(results, indent=1))
@@ -214,9 +260,11 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--lesson", type=lesson_number, default=None)
     args = parser.parse_args(argv)
     if args.command == "build":
-        path = build(args.release, args.zip, args.lesson)
+        seed = os.environ.get("COURSE_HIDDEN_SEED", "").strip() or secrets.token_hex(8)
+        path = build(args.release, args.zip, args.lesson, seed)
         print(f"Gradescope autograder written to {path}: upload it as the assignment's "
-              "autograder (zip)")
+              f"autograder (zip). Hidden cases: seed {seed}, in the zip (give it as "
+              "COURSE_HIDDEN_SEED to build the same again)")
     else:
         grade(args.root.resolve(), args.lesson)
     return 0

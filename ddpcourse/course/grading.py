@@ -35,7 +35,7 @@ import xml.etree.ElementTree as ET
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from ddpcourse.course import intake, term
+from ddpcourse.course import hidden, intake, term
 from ddpcourse.course.sandbox import is_root, isolation, user_namespaces, zygote_for_this_process
 from ddpcourse.exercises import IMPLS, ROOT
 
@@ -89,6 +89,7 @@ class ScoreKeeper:
         self.path = results_path
         self.tests: dict[str, dict] = {}
         self.running: str | None = None
+        self.draws_before = 0
 
     def pytest_collection_finish(self, session):
         for item in session.items:  # after -m / -k / --deselect: only what will run
@@ -100,6 +101,7 @@ class ScoreKeeper:
 
     def pytest_runtest_logstart(self, nodeid, location):
         self.running = nodeid
+        self.draws_before = len(hidden.DRAWS)
         self._write(finished=False)
 
     def pytest_runtest_logreport(self, report):
@@ -109,6 +111,8 @@ class ScoreKeeper:
         if report.when == "call" or (report.when == "setup" and not report.passed):
             test["outcome"] = "passed" if report.passed else (
                 "skipped" if report.skipped else "failed")
+            if len(hidden.DRAWS) > self.draws_before:  # its message may show a hidden case
+                test["hidden_cases"] = True
         if report.when == "teardown":
             self.running = None
             self._write(finished=False)
@@ -370,6 +374,7 @@ def grade_students(students: list[Path], lessons: list[int], args) -> dict[str, 
     out = Path(args.out)
     results = {s.name: {"scores": {}, "not_graded": [], "lessons": {}} for s in students}
     class_started = time.perf_counter()
+    print(f"grading {len(students)} submission(s), {args.workers} at once", flush=True)
     for lesson in lessons:
         started = time.perf_counter()
         problems = {student: intake_problem(student, lesson) for student in students}
@@ -516,7 +521,7 @@ def grade_class_on_slurm(base: Path, students: list[Path], lessons: list[int],
                f"--output={out / 'slurm' / 'task-%a.out'}", *args.sbatch_args.split(),
                str(GRADING_TESTS / "grade_class.sbatch"), str(base.resolve()),
                "--out", str(out), "--timeout", str(args.timeout),
-               "--workers", str(args.workers), *(["--lesson", str(args.lesson)]
+               *(["--lesson", str(args.lesson)]
                                                  if args.lesson else []),
                *(f"--only={names}" for names in args.only),  # the same slices as here
                *(["--allow-unisolated"] if args.allow_unisolated else [])]

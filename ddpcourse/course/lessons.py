@@ -64,6 +64,7 @@ class Lesson:
     figures: str = ""    # "module:function" returning {file name: matplotlib Figure}
     targets: dict[str, Target] = field(default_factory=dict)
     exercises: dict[str, str] = field(default_factory=dict)  # marker -> what it grades
+    readings: dict[str, str] = field(default_factory=dict)  # marker -> "PAGE.md#section"
 
 
 class RegistrationError(Exception):
@@ -92,7 +93,8 @@ def load_lesson(folder: Path) -> Lesson:
         raise RegistrationError(f"{path}: {error}") from None
     number = int(match.group(1))
     lesson = Lesson(number, folder, data.get("title", ""), data.get("figures", ""),
-                    exercises=dict(data.get("exercises", {})))
+                    exercises=dict(data.get("exercises", {})),
+                    readings=dict(data.get("readings", {})))
     for name, spec in data.get("targets", {}).items():
         steps = [parse_step(s, f"{path} [targets.{name}]") for s in spec.get("steps", [])]
         lesson.targets[name] = Target(name, spec.get("help", ""), steps,
@@ -106,6 +108,10 @@ def load_lesson(folder: Path) -> Lesson:
         if not m or int(m.group(1)) != number:
             raise RegistrationError(f"{path}: exercise marker {marker!r} must be "
                                     f"l{number}_<name> (lower case)")
+    unknown = sorted(set(lesson.readings) - set(lesson.exercises))
+    if unknown:
+        raise RegistrationError(f"{path}: [readings] names {', '.join(unknown)}, not in "
+                                "[exercises]")
     return lesson
 
 

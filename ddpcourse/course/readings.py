@@ -24,6 +24,37 @@ HEADING = re.compile(r"^(#{1,6})\s+(.*)$")
 WORD = re.compile(r"\w+")
 CORE_LIMIT = 2000
 
+MARKDOWN_FENCE = re.compile(r"^\s*(```|~~~)")
+MARKDOWN_HEADING = re.compile(r"^\s{0,3}#{1,6}\s+(.*?)\s*#*\s*$")
+MARKDOWN_LINK = re.compile(
+    r"!?\[((?:[^\[\]]|\[[^\]]*\])*)\]\(\s*<?([^)\s>]*)>?(?:\s+\"[^\"]*\")?\s*\)")
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor of a heading (mkdocs.yml makes the site's the same): lower case, code
+    marks and punctuation dropped, each space a hyphen ("W = 4" gives "w--4")."""
+    text = MARKDOWN_LINK.sub(lambda m: m.group(1), heading).lower()
+    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+
+
+def headings(page: Path) -> dict[str, str]:
+    """{anchor: heading text} of a Markdown page (fenced code left out; repeats get -1, -2)."""
+    found: dict[str, str] = {}
+    in_code = False
+    for line in page.read_text().splitlines():
+        if MARKDOWN_FENCE.match(line):
+            in_code = not in_code
+            continue
+        heading = None if in_code else MARKDOWN_HEADING.match(line)
+        if heading:
+            base = name = slug(heading.group(1))
+            n = 0
+            while name in found:
+                n += 1
+                name = f"{base}-{n}"
+            found[name] = heading.group(1)
+    return found
+
 
 def split_words(markdown: str) -> tuple[int, int]:
     """(core words, words in "Under the hood" sections) of one page, code blocks left out."""

@@ -54,6 +54,9 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ddpcourse.course.lessons import all_lessons
+from ddpcourse.course.readings import ROOT, headings
+
 GRADED, LATE, MISSING, REFUSED, NOT_GRADED = "graded", "late", "missing", "refused", "not graded"
 STATUSES = (GRADED, LATE, MISSING, REFUSED, NOT_GRADED)
 FORMAT = 1
@@ -68,9 +71,21 @@ def lesson_of(exercise: str) -> int:
 
 
 def reading_for(exercise: str) -> str:
-    """The reading a student should go back to for an exercise: for now its lesson's README.
-    (Each exercise will name its section with a `reading` key in lesson.toml.)"""
-    return f"lessons/lesson{lesson_of(exercise)}/README.md"
+    """The reading a student should go back to for an exercise: the section its lesson.toml's
+    [readings] names, or the lesson's README (for a lesson as a whole, `l{n}_`)."""
+    number = lesson_of(exercise)
+    for lesson in all_lessons():
+        if lesson.number == number and exercise in lesson.readings:
+            return f"lessons/lesson{number}/{lesson.readings[exercise]}"
+    return f"lessons/lesson{number}/README.md"
+
+
+def read_again(exercise: str) -> str:
+    """The feedback's pointer: the section's title in words, then where it is."""
+    where = reading_for(exercise)
+    page, _, anchor = where.partition("#")
+    title = headings(ROOT / page).get(anchor) if anchor else None
+    return f"Read again: section \"{title}\" of {where}" if title else f"Read again: {where}"
 
 
 # --- the roster -----------------------------------------------------------------------------
@@ -666,7 +681,7 @@ def feedback_text(student: str, lesson: int, lesson_dir: Path,
                       f"{earned * (1 - fraction):g} of {possible:g}."]
         lines.append("")
     if status in (MISSING, NOT_GRADED):
-        lines.append(f"Read again: {reading_for(f'l{lesson}_')}")
+        lines.append(read_again(f"l{lesson}_"))
         return "\n".join(lines).rstrip() + "\n"
     by_exercise: dict[str, list] = {}
     for test in tests:
@@ -692,7 +707,7 @@ def feedback_text(student: str, lesson: int, lesson_dir: Path,
                 lines += ["", "  ```text", *(f"  {line}" for line in said.splitlines()),
                           "  ```"]
             lines.append("")
-        lines += [f"Read again: {reading_for(exercise)}", ""]
+        lines += [read_again(exercise), ""]
     return "\n".join(lines).rstrip() + "\n"
 
 

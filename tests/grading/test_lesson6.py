@@ -15,6 +15,7 @@ import torch
 from torch.utils.data import DistributedSampler
 
 from ddpcourse.cluster.launch import launch
+from ddpcourse.course.hidden import drawn
 from ddpcourse.course.jobs import (
     TORCHRUN_JOBS,
     WORKERS,
@@ -125,7 +126,7 @@ def test_at_another_world_size_the_rest_of_the_epoch_is_trained_once(ex):
 def test_datasets_smaller_than_the_world_and_the_end_of_the_epoch(ex):
     """More ranks than samples: the padding repeats the order more than once (1 sample on 3
     ranks, 3 on 8); one rank alone; any start, up to and past the end of the padded order,
-    where nothing is left."""
+    where nothing is left; and three cases drawn at grading time (hidden.py)."""
     for n, world in [(1, 1), (1, 2), (1, 3), (1, 4), (2, 3), (2, 4), (2, 5), (3, 8), (5, 4)]:
         for epoch in (0, 3):
             order = padded_order(n, 5, epoch, world)
@@ -137,6 +138,18 @@ def test_datasets_smaller_than_the_world_and_the_end_of_the_epoch(ex):
                         f"resume_indices({n}, seed=5, epoch={epoch}, start={start}, rank={rank}, "
                         f"world_size={world}), the padded order {brief(order, 60)}: "
                         f"{difference(got, want)}")
+    hidden = drawn("resume_position")  # and three cases drawn at grading time (hidden.py)
+    for _ in range(3):
+        n, world, seed, epoch = (hidden.randint(1, 400), hidden.randint(1, 7),
+                                 hidden.randint(0, 99), hidden.randint(0, 9))
+        order = padded_order(n, seed, epoch, world)
+        start = hidden.randint(0, len(order))
+        for rank in range(world):
+            got = ex.resume_indices(n, seed, epoch, start, rank, world)
+            want = order[start:][rank::world]
+            assert got == want, (
+                f"resume_indices({n}, seed={seed}, epoch={epoch}, start={start}, rank={rank}, "
+                f"world_size={world}): {difference(got, want)}")
 
 
 @pytest.mark.l6_resume_position

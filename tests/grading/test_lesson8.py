@@ -15,6 +15,7 @@ import pytest
 import torch
 import torch.nn as nn
 
+from ddpcourse.course.hidden import drawn
 from ddpcourse.course.jobs import (
     graded,
     judge_once,
@@ -129,7 +130,7 @@ def test_each_optimizer_keeps_its_own_state(ex):
 @pytest.mark.points(2)
 def test_each_strategy_shards_its_own_terms(ex):
     """From 1 to W ranks, the terms a strategy shards shrink W times and the others stay;
-    at W = 1 every strategy is DDP; fsdp is zero3."""
+    at W = 1 every strategy is DDP; fsdp is zero3; and three cases drawn at grading time."""
     n = 2 * 3 * 4 * 5 * 7 * 1000
     for optimizer in ("sgd_momentum", "adam"):
         for mixed_precision in (False, True):
@@ -144,6 +145,20 @@ def test_each_strategy_shards_its_own_terms(ex):
                         assert got[term] == want, (strategy, optimizer, mixed_precision, w,
                                                    term, got[term], want)
     assert held(ex, n, 6, "fsdp") == held(ex, n, 6, "zero3")
+    hidden = drawn("strategy_shards")  # and three models and worlds drawn at grading time
+    for _ in range(3):
+        w = hidden.randint(8, 96)
+        n = w * hidden.randint(1_000, 10_000_000)
+        optimizer = hidden.choice(("sgd", "sgd_momentum", "adam"))
+        mixed_precision = hidden.random() < 0.5
+        alone = held(ex, n, 1, "ddp", optimizer, mixed_precision=mixed_precision)
+        for strategy, sharded in SHARDED.items():
+            got = held(ex, n, w, strategy, optimizer, mixed_precision=mixed_precision)
+            want = {term: alone[term] // w if term in sharded else alone[term] for term in TERMS}
+            assert {term: got[term] for term in TERMS} == want, (
+                f"bytes_per_rank({n}, {w}, {strategy!r}, {optimizer!r}, mixed_precision="
+                f"{mixed_precision}) returned {got}; the terms it shards should be 1/{w} of one "
+                f"rank's, the others whole: {want}")
 
 
 @pytest.mark.l8_memory_calculator

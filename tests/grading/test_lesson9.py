@@ -10,6 +10,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
+from ddpcourse.course.hidden import drawn
 from ddpcourse.course.jobs import (
     brief,
     difference,
@@ -134,6 +135,27 @@ def test_identity_under_mpirun_and_srun(ex):
                                        OPEN_MPI)
     got, want = ex.identity_from_launcher(SRUN), who(4, 1, 2, 6)
     assert got == want, wrong_identity("srun", got, want, SRUN)
+    hidden = drawn("launcher_identity")  # and each launcher at layouts drawn at grading time
+    for _ in range(3):
+        nodes, per_node = hidden.randint(1, 6), hidden.randint(1, 8)
+        node, local = hidden.randrange(nodes), hidden.randrange(per_node)
+        rank, world = node * per_node + local, nodes * per_node
+        want = who(rank, local, node, world)
+        for name, environ, devices in [
+                ("torchrun", {**MASTER, "RANK": rank, "LOCAL_RANK": local, "WORLD_SIZE": world,
+                              "LOCAL_WORLD_SIZE": per_node, "GROUP_RANK": node}, None),
+                ("Lightning's child", {**MASTER, "LOCAL_RANK": local, "NODE_RANK": node,
+                                       "WORLD_SIZE": world}, per_node),
+                ("mpirun (Open MPI)", {"OMPI_COMM_WORLD_RANK": rank,
+                                       "OMPI_COMM_WORLD_LOCAL_RANK": local,
+                                       "OMPI_COMM_WORLD_SIZE": world,
+                                       "OMPI_COMM_WORLD_LOCAL_SIZE": per_node}, None),
+                ("srun", {"SLURM_PROCID": rank, "SLURM_LOCALID": local, "SLURM_NTASKS": world,
+                          "SLURM_NODEID": node, "SLURM_JOB_ID": "77"}, None)]:
+            environ = {k: str(v) for k, v in environ.items()}
+            got = ex.identity_from_launcher(environ, devices_per_node=devices)
+            assert got == want, wrong_identity(f"{name}, {nodes} node(s) of {per_node}", got,
+                                               want, environ, devices_per_node=devices)
 
 
 @pytest.mark.l9_launcher_identity

@@ -75,6 +75,26 @@ def test_the_workflow_is_what_github_classroom_reads():
         assert step["if"] == "${{ !cancelled() }}"  # a failed lesson costs only its own points
 
 
+@pytest.mark.parametrize("lesson", [1, 4, 10])
+def test_a_workflow_for_one_lesson_grades_that_lesson_alone(lesson):
+    """An assignment per lesson: its push grades only that lesson's exercises, pinned as ever."""
+    workflow = yaml.safe_load(workflow_text(dict.fromkeys(exercise_markers(), 1), PIN, lesson))
+    ours = list(next(item for item in all_lessons() if item.number == lesson).exercises)
+    assert list(exercise_steps(workflow)) == ours
+    grading_runs = [step for step in job_steps(workflow)
+                    if "--submission ../student" in step.get("run", "")]
+    assert len(grading_runs) == 1 and f"--lesson {lesson} " in grading_runs[0]["run"], grading_runs
+    runners = [r for r in re.split(r"[\s,]+", job_steps(workflow)[-1]["with"]["runners"]) if r]
+    assert runners == ours
+    only_the_pinned_grader_runs(workflow)
+
+
+def test_a_workflow_for_a_lesson_without_exercises_is_refused_in_one_line(capsys):
+    with pytest.raises(SystemExit) as ended:
+        main(["workflow", "--grader", PIN, "--lesson", "2"])
+    assert "LESSON=2: no graded lesson" in str(ended.value)
+
+
 def only_the_pinned_grader_runs(workflow, repo=GRADER_REPO, commit=GRADER_COMMIT):
     """The grader is checked out from exactly the pin, the push into student/, and no step
     runs or reads student/ except through the grader's --submission."""

@@ -201,6 +201,7 @@ NO_SLURM = slurm.unavailable_reason()
 
 @pytest.mark.skipif(NO_SLURM is not None, reason=f"no SLURM cluster here: {NO_SLURM}")
 @pytest.mark.slow
+@pytest.mark.cluster
 @pytest.mark.timeout(300)
 def test_a_slurm_array_grades_slices_of_the_class_and_a_lost_task_is_not_graded(tmp_path):
     klass, out, out_csv = tmp_path / "class", tmp_path / "runs", tmp_path / "class.csv"
@@ -220,10 +221,15 @@ def test_a_slurm_array_grades_slices_of_the_class_and_a_lost_task_is_not_graded(
             queued = cluster.run(["squeue", "--noheader", "--array", "--format=%i"]).stdout
             job = re.search(r"^(\d+)_", queued, re.M)
             if job:
+                shown = cluster.run(["scontrol", "show", "job", job.group(1)]).stdout
                 cancelled = cluster.run(["scancel", f"{job.group(1)}_1"]).returncode
             time.sleep(0.1)
         said, _ = grader.communicate(timeout=240)
     assert grader.returncode == 0 and cancelled == 0, said[-3000:]
+    # the memory the batch file asks for is what SLURM holds for each task
+    asked = re.search(r"^#SBATCH --mem=(\S+)", (ROOT / "tests/grading/grade_class.sbatch")
+                      .read_text(), re.M).group(1)
+    assert re.search(rf"\bMinMemoryNode={asked}\b", shown), shown
     # sbatch --wait may say 0 for a task cancelled before it started: the merge goes by the
     # results each task wrote, not by that status
     assert re.search(r"SLURM array of 3 task\(s\) ended with exit status \d+", said), said
@@ -244,4 +250,8 @@ def test_a_slurm_array_grades_slices_of_the_class_and_a_lost_task_is_not_graded(
         assert float(rows[student]["total"]) == saved[student]["total"] == sum(
             s["possible"] for s in scores.values()) > 0
         assert (out / student / "lesson1" / "junit.xml").exists()
-    assert (out / "slurm" / "task-0.out").exists() and (out / "slurm" / "task-2.out").exists()
+    # each task grades as many students at once as it has CPUs, whatever the login node has
+    for task in (0, 2):
+        said_by_task = (out / "slurm" / f"task-{task}.out").read_text()
+        assert re.search(r"^grading \d+ submission\(s\), 2 at once$", said_by_task, re.M), \
+            said_by_task[-2000:]

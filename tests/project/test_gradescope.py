@@ -154,20 +154,27 @@ def test_a_submission_scores_what_the_grader_gives(autograder_zip, lesson_points
                        "stubs in a lesson folder": STUB.read_text(),
                        "one mistake as exercises.py alone": source}[case])
     results = run_autograder(root)
-    tests = {t["name"]: t for t in results["tests"]}
+    # What a test that drew hidden cases said comes after the due date, in an entry of its own
+    said_later = {t["name"].removesuffix(", what it said"): t for t in results["tests"]
+                  if t.get("visibility") == "after_due_date"}
+    tests = {t["name"]: t for t in results["tests"] if "visibility" not in t}
     # One entry per grading test of the lesson, each worth what the grader says.
     assert {name: t["max_score"] for name, t in tests.items()} == lesson_points
     assert results["score"] == sum(t["score"] for t in tests.values())
     for t in tests.values():
         assert t["score"] in (0, t["max_score"]) and t["output"]
         assert (t["status"] == "passed") == (t["score"] == t["max_score"]), t
+    for name, later in said_later.items():
+        assert later["max_score"] == later["score"] == 0 and tests[name]["status"] == "failed"
+        assert "drawn at grading time" in tests[name]["output"], tests[name]
+        tests[name] = {**tests[name], "output": later["output"]}  # what the student sees later
     total = sum(lesson_points.values())
     # The zip's own grader graded it: its results are in the unpacked course.
     grader = json.loads((root / "source" / "build" / "grades" / "gradescope" / "results.json")
                         .read_text())
     assert sum(s["earned"] for s in summarise(grader["tests"]).values()) == results["score"]
     if case.startswith("reference"):
-        assert results["score"] == total > 0
+        assert results["score"] == total > 0 and not said_later
     elif case.startswith("stubs"):
         assert results["score"] == 0
         # what the student reads: the grading line that failed and the error under it
@@ -175,6 +182,8 @@ def test_a_submission_scores_what_the_grader_gives(autograder_zip, lesson_points
             assert f"tests/grading/test_lesson{LESSON}.py:" in t["output"], t
             assert re.search(r"^E\s+\S", t["output"], re.M), t
         assert any("NotImplementedError" in t["output"] for t in tests.values())
+        # lesson 1's tests that draw hidden cases: each message held back until the due date
+        assert said_later, "no test that drew hidden cases held its message back"
     else:
         assert results["score"] == total - (possible - earned), "\n".join(
             f"{name}: {t['status']}\n{t['output'][-1500:]}" for name, t in tests.items()
@@ -186,3 +195,39 @@ def test_a_submission_scores_what_the_grader_gives(autograder_zip, lesson_points
         assert failed and all("assert" in t["output"] and "Use -v" not in t["output"]
                               for t in failed)
         assert re.search(rf"^{exercise}\s+{earned:g} / {possible:g}$", results["output"], re.M)
+
+
+def test_the_zip_holds_one_seed_for_every_submission(autograder_zip):
+    """The hidden cases' seed is in run_autograder (the instructor's zip), never in a file a
+    student gets; a seed given as COURSE_HIDDEN_SEED is the one written."""
+    with zipfile.ZipFile(autograder_zip) as archive:
+        script = archive.read("run_autograder").decode()
+    assert re.search(r"^export COURSE_HIDDEN_SEED='[0-9A-Za-z_-]{1,64}'$", script, re.M), script
+    release = autograder_zip.parent / "source"
+    made = run([PYTHON, "-m", "ddpcourse.course.gradescope", "build", str(release), "--zip",
+                str(autograder_zip.parent / "again.zip"), "--lesson", str(LESSON)],
+               env={"COURSE_HIDDEN_SEED": "term-2027-a"}, timeout=60)
+    assert made.returncode == 0 and "seed term-2027-a" in made.stdout, made.stdout + made.stderr
+    with zipfile.ZipFile(autograder_zip.parent / "again.zip") as archive:
+        assert "export COURSE_HIDDEN_SEED='term-2027-a'" in archive.read("run_autograder").decode()
+    refused = run([PYTHON, "-m", "ddpcourse.course.gradescope", "build", str(release), "--zip",
+                   str(autograder_zip.parent / "bad.zip")], env={"COURSE_HIDDEN_SEED": "a'; rm"},
+                  timeout=60)
+    assert refused.returncode != 0 and refused.stderr.strip().count("\n") == 0, refused.stderr
+
+
+@pytest.mark.parametrize("created, due, said", [
+    ("2027-03-01T10:00:00-05:00", "2027-03-01T23:59:00-05:00", ""),
+    ("2027-03-02T05:59:00-05:00", "2027-03-01T23:59:00-05:00", "Submitted 6.0 hours after"),
+    ("2027-03-04T11:59:00+00:00", "2027-03-01T23:59:00-05:00", "Submitted 2.3 days after"),
+    (None, None, ""),  # no metadata: nothing said
+])
+def test_a_late_submission_is_told_it_is_late(tmp_path, created, due, said):
+    from ddpcourse.course.gradescope import lateness
+
+    metadata = tmp_path / "submission_metadata.json"
+    if created:
+        metadata.write_text(json.dumps({"created_at": created,
+                                        "assignment": {"due_date": due}}))
+    got = lateness(metadata)
+    assert got.startswith(said) if said else got == "", got

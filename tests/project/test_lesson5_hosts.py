@@ -428,6 +428,7 @@ def test_the_launcher_runs_one_agent_per_host_and_stops_them_all(tmp_path, scrip
 # torch across the hosts ------------------------------------------------------------------------
 
 @needs_hosts
+@pytest.mark.cluster
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_the_benchmark_runs_across_two_hosts_from_the_command_line():
@@ -453,6 +454,7 @@ def test_the_benchmark_runs_across_two_hosts_from_the_command_line():
 
 
 @needs_hosts
+@pytest.mark.cluster
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_lesson3_trains_the_same_on_two_hosts_as_on_one(tmp_path):

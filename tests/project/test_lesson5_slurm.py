@@ -277,6 +277,7 @@ def check_identities(job: S.Job, per_node: int, launcher: str) -> None:
 
 
 @needs_slurm
+@pytest.mark.cluster
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_torchrun_under_srun_runs_one_agent_per_node_on_separate_hosts(jobs):
@@ -286,6 +287,7 @@ def test_torchrun_under_srun_runs_one_agent_per_node_on_separate_hosts(jobs):
 
 
 @needs_slurm
+@pytest.mark.cluster
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_srun_starts_every_process_and_env_init_joins_them(jobs):
@@ -295,6 +297,7 @@ def test_srun_starts_every_process_and_env_init_joins_them(jobs):
 
 
 @needs_slurm
+@pytest.mark.cluster
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_a_job_out_of_time_is_stopped_with_status_124(jobs):
@@ -303,6 +306,7 @@ def test_a_job_out_of_time_is_stopped_with_status_124(jobs):
 
 
 @needs_slurm
+@pytest.mark.cluster
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_a_job_that_cannot_fit_is_refused_at_once_not_queued(jobs):
@@ -311,6 +315,7 @@ def test_a_job_that_cannot_fit_is_refused_at_once_not_queued(jobs):
 
 
 @needs_slurm
+@pytest.mark.cluster
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_the_command_line_runs_a_second_cluster_at_once_and_exits_with_the_jobs_status(jobs):
@@ -331,6 +336,7 @@ def test_the_command_line_runs_a_second_cluster_at_once_and_exits_with_the_jobs_
 
 
 @needs_slurm
+@pytest.mark.cluster
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_nothing_is_left_behind(jobs):
@@ -343,6 +349,7 @@ def test_nothing_is_left_behind(jobs):
 # Leaving nothing behind, also when interrupted or failing --------------------------------------
 
 @needs_slurm
+@pytest.mark.cluster
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_ctrl_c_while_a_job_runs_removes_the_cluster(tmp_path):
@@ -379,6 +386,7 @@ def test_ctrl_c_while_a_job_runs_removes_the_cluster(tmp_path):
 
 
 @needs_slurm
+@pytest.mark.cluster
 @pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_a_cluster_that_cannot_start_says_why_in_one_line_and_leaves_nothing(monkeypatch):

@@ -14,10 +14,11 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
-from util import PYTHON, ROOT, run
+from util import PYTHON, ROOT, anchors, run
 
 from ddpcourse.course import grading, term
 from ddpcourse.course.grading import junit_address
+from ddpcourse.course.lessons import all_lessons
 
 LESSON1 = {  # nodeid -> (exercise, points, what its docstring says)
     "tests/grading/test_lesson1.py::test_global_rank_two_nodes_of_four":
@@ -327,8 +328,10 @@ def test_feedback_says_what_was_checked_and_what_went_wrong_without_the_grader(t
     assert "The check: assert [ex.global_rank(0, g, 4) for g in range(4)] == [0, 1, 2, 3]" \
         in text
     assert "NotImplementedError: l1_global_rank: compute the global rank" in text
-    assert "Read again: lessons/lesson1/README.md" in text
-    assert term.reading_for("l3_ddp_step") == "lessons/lesson3/README.md"
+    # the reading's section, by its title and its link
+    assert ('Read again: section "3. World size and ranks" of '
+            "lessons/lesson1/README.md#3-world-size-and-ranks") in text
+    assert term.reading_for("l3_ddp_step") == "lessons/lesson3/README.md#5-the-ddp-wrapper"
     # a missing lesson's feedback says what was expected where
     fake_run(out / "bo" / "lesson1", missing="no lesson1/exercises.py under bo/")
     term.merge(record, {("bo", 1): cells_from(out / "bo" / "lesson1", possible=POSSIBLE)})
@@ -399,7 +402,7 @@ def test_a_class_graded_then_one_student_regraded_merges_into_the_term(tmp_path)
     feedback = (grades / "class" / "ben" / "lesson1" / "feedback.md").read_text()
     assert "Points: **0 of 20**" in feedback and "tests/grading/" not in feedback
     assert "NotImplementedError" in feedback
-    assert "Read again: lessons/lesson1/README.md" in feedback
+    assert "Read again: section \"6. What the launcher tells each process\" of " in feedback
     assert "**Missing**" in (grades / "class" / "cat" / "lesson1" / "feedback.md").read_text()
 
     # ben hands in the reference, 3 days late; re-graded alone, without the roster and the
@@ -425,3 +428,19 @@ def test_a_class_graded_then_one_student_regraded_merges_into_the_term(tmp_path)
     book = {r["student_id"]: r for r in csv.DictReader((grades / "gradebook.csv").open())}
     assert (book["s2"]["lesson1"], book["s2"]["percentage"]) == ("5", "25")
     assert "late" in (grades / "class" / "ben" / "lesson1" / "feedback.md").read_text()
+
+
+def test_every_exercise_sends_its_feedback_to_a_section_that_exists():
+    """lesson.toml's [readings]: each exercise names a heading its page has, so a student's
+    feedback links to the part of the reading that teaches what was lost."""
+    missing, broken = [], []
+    for lesson in all_lessons():
+        for exercise in lesson.exercises:
+            if exercise not in lesson.readings:
+                missing.append(exercise)
+                continue
+            page, _, anchor = lesson.readings[exercise].partition("#")
+            if not (lesson.folder / page).is_file() or anchor not in anchors(lesson.folder / page):
+                broken.append(f"{exercise}: {lesson.readings[exercise]}")
+    assert not missing, f"exercises without a [readings] entry: {missing}"
+    assert not broken, f"[readings] entries naming no heading: {broken}"

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from ddpcourse.course.readings import headings, slug  # noqa: F401 (slug: for the tests)
 from ddpcourse.report import parse_summary
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -187,33 +188,6 @@ def grade_class_of(lesson: int, klass: Path, out: Path, timeout: float, env=None
     return json.loads((out / "class.json").read_text())["students"]
 
 
-MARKDOWN_FENCE = re.compile(r"^\s*(```|~~~)")
-MARKDOWN_HEADING = re.compile(r"^\s{0,3}#{1,6}\s+(.*?)\s*#*\s*$")
-MARKDOWN_LINK = re.compile(
-    r"!?\[((?:[^\[\]]|\[[^\]]*\])*)\]\(\s*<?([^)\s>]*)>?(?:\s+\"[^\"]*\")?\s*\)")
-
-
-def slug(heading: str) -> str:
-    """GitHub's anchor of a heading (mkdocs.yml makes the site's the same): lower case, code
-    marks and punctuation dropped, each space a hyphen ("W = 4" gives "w--4")."""
-    text = MARKDOWN_LINK.sub(lambda m: m.group(1), heading).lower()
-    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
-
-
 def anchors(page: Path) -> set[str]:
     """The heading anchors of a Markdown page (fenced code left out; repeats get -1, -2)."""
-    found: set[str] = set()
-    in_code = False
-    for line in page.read_text().splitlines():
-        if MARKDOWN_FENCE.match(line):
-            in_code = not in_code
-            continue
-        heading = None if in_code else MARKDOWN_HEADING.match(line)
-        if heading:
-            base = name = slug(heading.group(1))
-            n = 0
-            while name in found:
-                n += 1
-                name = f"{base}-{n}"
-            found.add(name)
-    return found
+    return set(headings(page))
