@@ -41,7 +41,7 @@ import tempfile
 from pathlib import Path
 
 from ddpcourse.course.feedback import graded_tests
-from ddpcourse.course.grading import GRADING_TESTS, summarise
+from ddpcourse.course.grading import GRADING_TESTS, lesson_number, summarise
 from ddpcourse.course.lessons import all_lessons
 from ddpcourse.exercises import ROOT
 
@@ -225,22 +225,14 @@ def cmd_report(args) -> int:
     return 0
 
 
-def lesson_or_all(value: str) -> int | None:
-    """LESSON= from make: empty means every lesson."""
-    if not value.strip():
-        return None
-    if not value.strip().isdigit():
-        raise argparse.ArgumentTypeError(f"{value!r} is not a lesson number")
-    return int(value)
-
-
 def cmd_check_grader(args) -> int:
     grader_pin(args.grader)
     return 0
 
 
 def cmd_workflow(args) -> int:
-    grader_pin(args.grader)  # before the grading tests' collection, which takes seconds
+    # both checked before the grading tests' collection, which takes seconds
+    grader_pin(args.grader)
     graded_lessons(args.lesson)
     text = workflow_text(grader_points(), args.grader, args.lesson)
     if args.out is None:
@@ -259,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     write.add_argument("--grader", required=True, help="owner/repo@commit of the student "
                        "release whose grader the workflow runs")
     write.add_argument("--out", type=Path, default=None, help="a file (default: stdout)")
-    write.add_argument("--lesson", type=lesson_or_all, default=None,
+    write.add_argument("--lesson", type=lesson_number, default=None,
                        help="grade this lesson alone (default: every graded lesson)")
     write.set_defaults(func=cmd_workflow)
     check = sub.add_parser("check-grader", help="fail, in one line, unless this is "

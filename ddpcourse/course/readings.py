@@ -18,14 +18,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 OPTIONAL = re.compile(r"under the hood", re.I)
-HEADING = re.compile(r"^(#{1,6})\s+(.*)$")
 # Every run of letters, digits and underscores is a word, so `torch.distributed` counts two:
 # the strictest of the usual counts, so a page within the limit here is within it for any.
 WORD = re.compile(r"\w+")
 CORE_LIMIT = 2000
 
 MARKDOWN_FENCE = re.compile(r"^\s*(```|~~~)")
-MARKDOWN_HEADING = re.compile(r"^\s{0,3}#{1,6}\s+(.*?)\s*#*\s*$")
+MARKDOWN_HEADING = re.compile(r"^\s{0,3}(#{1,6})\s+(.*?)\s*#*\s*$")  # level, text
 MARKDOWN_LINK = re.compile(
     r"!?\[((?:[^\[\]]|\[[^\]]*\])*)\]\(\s*<?([^)\s>]*)>?(?:\s+\"[^\"]*\")?\s*\)")
 
@@ -47,12 +46,12 @@ def headings(page: Path) -> dict[str, str]:
             continue
         heading = None if in_code else MARKDOWN_HEADING.match(line)
         if heading:
-            base = name = slug(heading.group(1))
+            base = name = slug(heading.group(2))
             n = 0
             while name in found:
                 n += 1
                 name = f"{base}-{n}"
-            found[name] = heading.group(1)
+            found[name] = heading.group(2)
     return found
 
 
@@ -62,12 +61,12 @@ def split_words(markdown: str) -> tuple[int, int]:
     in_code = False
     optional_level = 0  # the level of the "Under the hood" heading we are inside; 0: none
     for line in markdown.splitlines():
-        if line.lstrip().startswith("```"):
+        if MARKDOWN_FENCE.match(line):
             in_code = not in_code
             continue
         if in_code:
             continue
-        heading = HEADING.match(line)
+        heading = MARKDOWN_HEADING.match(line)
         if heading:
             level = len(heading.group(1))
             if optional_level and level <= optional_level:

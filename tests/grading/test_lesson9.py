@@ -141,17 +141,17 @@ def test_identity_under_mpirun_and_srun(ex):
         node, local = hidden.randrange(nodes), hidden.randrange(per_node)
         rank, world = node * per_node + local, nodes * per_node
         want = who(rank, local, node, world)
-        for name, environ, devices in [
+        for name, environ in [
                 ("mpirun (Open MPI)", {"OMPI_COMM_WORLD_RANK": rank,
                                        "OMPI_COMM_WORLD_LOCAL_RANK": local,
                                        "OMPI_COMM_WORLD_SIZE": world,
-                                       "OMPI_COMM_WORLD_LOCAL_SIZE": per_node}, None),
+                                       "OMPI_COMM_WORLD_LOCAL_SIZE": per_node}),
                 ("srun", {"SLURM_PROCID": rank, "SLURM_LOCALID": local, "SLURM_NTASKS": world,
-                          "SLURM_NODEID": node, "SLURM_JOB_ID": "77"}, None)]:
+                          "SLURM_NODEID": node, "SLURM_JOB_ID": "77"})]:
             environ = {k: str(v) for k, v in environ.items()}
-            got = ex.identity_from_launcher(environ, devices_per_node=devices)
+            got = ex.identity_from_launcher(environ)
             assert got == want, wrong_identity(f"{name}, {nodes} node(s) of {per_node}", got,
-                                               want, environ, devices_per_node=devices)
+                                               want, environ)
 
 
 @pytest.mark.l9_launcher_identity

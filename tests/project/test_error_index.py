@@ -26,13 +26,12 @@ import pytest
 from util import PYTHON, ROOT, anchors, machine_load, run
 
 from ddpcourse.course.lessons import all_targets
+from ddpcourse.course.readings import MARKDOWN_FENCE, MARKDOWN_HEADING
 
 PAGE = ROOT / "lessons" / "errors.md"
 SCRIPT = ROOT / "scripts" / "experiments" / "error_index.py"
 COMMAND = "python scripts/experiments/error_index.py"
 
-FENCE = re.compile(r"^\s*(```|~~~)")
-HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
 CODE_SPAN = re.compile(r"`([^`]+)`")
 LINK = re.compile(r"\[((?:[^\[\]]|\[[^\]]*\])*)\]\(\s*<?([^)\s>]*)>?\s*\)")
 ITEM = re.compile(r"^- \*\*(Means|Explained in|Explained here|Reproduce|Reading only|Fix):\*\*"
@@ -46,7 +45,7 @@ def entries() -> list[dict]:
     """Each `### ` section of the page: heading, its code spans, fenced blocks, list items."""
     found, current, in_code, block = [], None, False, []
     for line in PAGE.read_text().splitlines():
-        if FENCE.match(line):
+        if MARKDOWN_FENCE.match(line):
             if in_code and current is not None:
                 current["blocks"].append("\n".join(block))
             in_code, block = not in_code, []
@@ -54,7 +53,7 @@ def entries() -> list[dict]:
         if in_code:
             block.append(line)
             continue
-        heading = HEADING.match(line)
+        heading = MARKDOWN_HEADING.match(line)
         if heading:
             level, title = len(heading.group(1)), heading.group(2)
             current = None
