@@ -19,6 +19,7 @@ SLURM_TASKS ?= 4
 SBATCH_ARGS ?=
 # grade-class: the term record it merges into, a roster CSV, a late policy (TOML), a gradebook
 # CSV to write (ANONYMOUS=1: without names); ONLY=student re-grades that folder alone;
+# EXERCISE=l1_identity re-grades that exercise alone (with ONLY, of those students);
 # ALLOW_UNISOLATED=1 grades where nothing isolates the code (no root, no user namespaces).
 # TERM is read only from make's command line: the environment's TERM is the terminal's type.
 ALLOW_UNISOLATED ?=
@@ -27,6 +28,7 @@ POLICY    ?=
 GRADEBOOK ?=
 ANONYMOUS ?=
 ONLY      ?=
+EXERCISE  ?=
 RELEASE ?= build/student-release
 GRADER  ?=
 CLASSROOM_WORKFLOW ?= build/classroom.yml
@@ -139,12 +141,13 @@ grade: setup ## grade exercises: [LESSON=n] [IMPL=student|solutions] [SUBMISSION
 # merged into the same CSV and JSON; SBATCH_ARGS adds what the site needs (--partition=...).
 # Each run merges into the term record (TERM, default build/grades/term.json): only the
 # students and lessons it graded are replaced; class.csv is the whole term.
-grade-class: setup ## grade every folder under SUBMISSIONS=dir, merged into the term record and build/grades/class.csv [ONLY= ROSTER= POLICY= GRADEBOOK= SLURM=1]
+grade-class: setup ## grade every folder under SUBMISSIONS=dir, merged into the term record and build/grades/class.csv [ONLY= EXERCISE= ROSTER= POLICY= GRADEBOOK= SLURM=1]
 	@$(VPY) -m ddpcourse.course.grading class '$(SUBMISSIONS)' --lesson '$(LESSON)' \
 		$(if $(filter command line,$(origin TERM)),--term '$(TERM)') \
 		$(if $(ROSTER),--roster '$(ROSTER)') \
 		$(if $(POLICY),--policy '$(POLICY)') $(if $(GRADEBOOK),--gradebook '$(GRADEBOOK)') \
 		$(if $(filter 1,$(ANONYMOUS)),--anonymous) $(if $(ONLY),--only '$(ONLY)') \
+		$(if $(EXERCISE),--exercise '$(EXERCISE)') \
 		$(if $(filter 1,$(ALLOW_UNISOLATED)),--allow-unisolated) \
 		$(if $(filter 1,$(SLURM)),--slurm --tasks '$(SLURM_TASKS)' --sbatch-args '$(SBATCH_ARGS)')
 

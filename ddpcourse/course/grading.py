@@ -36,6 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from ddpcourse.course import hidden, intake, term
+from ddpcourse.course.lessons import all_lessons
 from ddpcourse.course.sandbox import is_root, isolation, user_namespaces, zygote_for_this_process
 from ddpcourse.exercises import IMPLS, ROOT
 
@@ -166,6 +167,11 @@ def score_table(scores: dict[str, dict]) -> str:
 
 # --- the commands ------------------------------------------------------------------------
 
+def registered_exercises() -> dict[str, int]:
+    """{exercise marker: its lesson} from every lesson.toml."""
+    return {e: lesson.number for lesson in all_lessons() for e in lesson.exercises}
+
+
 def grading_targets(lesson: int | None) -> list[str]:
     if lesson is None:
         return [str(GRADING_TESTS)]
@@ -201,8 +207,10 @@ def intake_problem(submission: str | Path, lesson: int) -> tuple[str, str]:
 
 def run_grading(lesson: int | None, out_dir: Path, impl: str = "student",
                 submission: str | None = None, timeout: float = 900,
-                quiet: bool = False) -> dict[str, dict]:
-    """Run the grading tests in a child pytest; returns the per-test records.
+                quiet: bool = False, exercise: str | None = None) -> dict[str, dict]:
+    """Run the grading tests in a child pytest; returns the per-test records. With
+    `exercise`, only its tests run and are returned; out_dir's results.json and junit.xml
+    keep the other exercises' tests from its last grading, so its feedback stays whole.
 
     The child is the judge: it never imports the submission, whose code runs in a sandbox
     (ddpcourse/course/sandbox.py), so a submission that exits, hangs or crashes fails only
@@ -234,12 +242,19 @@ def run_grading(lesson: int | None, out_dir: Path, impl: str = "student",
     retries: list[str] = []
     deselect: list[str] = []
     junit_parts: list[Path] = []
+    kept: dict[str, dict] = {}  # with `exercise`: the others' tests as last graded
+    if exercise and results.exists():
+        kept = {nodeid: test for nodeid, test in json.loads(results.read_text())["tests"].items()
+                if test["exercise"] != exercise}
+        if (out_dir / "junit.xml").exists():
+            junit_parts.append(out_dir / "junit.kept.xml")
+            shutil.copy(out_dir / "junit.xml", junit_parts[-1])
     for attempt in itertools.count():
         results.unlink(missing_ok=True)
         junit_parts.append(out_dir / f"junit.part{attempt}.xml")
         cmd = [sys.executable, "-m", "pytest", *grading_targets(lesson), "-q", "-rN",
                "--tb=short", "--no-header", f"--junitxml={junit_parts[-1]}",
-               "-p", "no:cacheprovider",
+               "-p", "no:cacheprovider", *(["-m", exercise] if exercise else []),
                *[f"--deselect={d}" for d in deselect]]
         try:
             subprocess.run(cmd, cwd=ROOT, env=env, timeout=timeout,
@@ -262,11 +277,13 @@ def run_grading(lesson: int | None, out_dir: Path, impl: str = "student",
         print(f"grading{who}: {crashed} killed the grading process; it scores zero, "
               "grading goes on", file=sys.stderr)
         deselect = [n for n, t in tests.items() if t["outcome"] != "not run"]
-    results.write_text(json.dumps({"finished": True, "tests": tests, "scores": summarise(tests),
+    everything = {**kept, **tests}
+    results.write_text(json.dumps({"finished": True, "tests": everything,
+                                   "scores": summarise(everything),
                                    "refused": {str(n): why for n, why in refused.items()},
                                    "missing": {str(n): why for n, why in missing.items()},
                                    "retries": retries, "graded_at": term.now()}, indent=1))
-    merge_junit(junit_parts, tests, out_dir / "junit.xml", retries)
+    merge_junit(junit_parts, everything, out_dir / "junit.xml", retries)
     return tests
 
 
@@ -342,7 +359,8 @@ def graded_lessons() -> list[int]:
 
 
 def grade_lesson_of_class(lesson: int, students: list[Path], out: Path, timeout: float,
-                          workers: int) -> dict[Path, tuple[dict[str, dict], str]]:
+                          workers: int, exercise: str | None = None
+                          ) -> dict[Path, tuple[dict[str, dict], str]]:
     """{student: (per-test records, why it is not graded or "")} for one lesson, `workers`
     students at a time. Each student is graded alone: a judge process of its own, and the
     student's code in a sandbox of its own (ddpcourse/course/sandbox.py), its jobs included,
@@ -352,7 +370,7 @@ def grade_lesson_of_class(lesson: int, students: list[Path], out: Path, timeout:
 
     def grade(student: Path) -> tuple[dict[str, dict], str]:
         tests = run_grading(lesson, where[student], submission=str(student), timeout=timeout,
-                            quiet=True)
+                            quiet=True, exercise=exercise)
         return tests, "" if tests else "its grading tests did not run (the grader failed)"
 
     with ThreadPoolExecutor(workers) as pool:
@@ -379,8 +397,8 @@ def grade_students(students: list[Path], lessons: list[int], args) -> dict[str, 
         started = time.perf_counter()
         problems = {student: intake_problem(student, lesson) for student in students}
         to_grade = [s for s in students if problems[s][0] != term.MISSING]
-        graded = grade_lesson_of_class(lesson, to_grade, out, args.timeout,
-                                       args.workers) if to_grade else {}
+        graded = grade_lesson_of_class(lesson, to_grade, out, args.timeout, args.workers,
+                                       args.exercise) if to_grade else {}
         for student in students:
             record = results[student.name]
             where = out / student.name / f"lesson{lesson}"
@@ -470,14 +488,15 @@ def class_cells(results: dict[str, dict], lessons: list[int],
 def write_class_results(results: dict[str, dict], lessons: list[int], csv_path: Path,
                         term_path: Path | None = None, out: Path | None = None,
                         roster: str | None = None, policy: str | None = None,
-                        gradebook: str | None = None, anonymous: bool = False) -> dict:
+                        gradebook: str | None = None, anonymous: bool = False,
+                        exercise: str | None = None) -> dict:
     """Merge a class run's results into the term record (term_path, default term.json beside
     the CSV): only the (student, lesson) cells graded now are replaced. Then, from the whole
     record: the class's CSV (a column per exercise, the total, the status, then the maximum,
     the late penalty, the percentage and the roster's columns) and the same as JSON beside
     it; each graded student's feedback.md under out; a gradebook CSV if asked. A lesson not
     graded leaves its cells and the total empty, never 0; a missing one says what was
-    expected where."""
+    expected where. With `exercise`, only that exercise's cells are replaced."""
     term_path = Path(term_path) if term_path else Path(csv_path).with_name("term.json")
     with term.locked(term_path):  # two classes graded at once: each merge sees the other's
         record = term.load_term(term_path)
@@ -485,7 +504,7 @@ def write_class_results(results: dict[str, dict], lessons: list[int], csv_path: 
         if policy:
             record["policy"] = term.read_policy(policy).as_dict()
         cells = class_cells(results, lessons, term.lesson_maxima(record))
-        term.merge(record, cells)
+        term.merge(record, cells, whole_lessons=exercise is None)
         term.apply_policy(record, listed)
         term.save_term(record, term_path)
     print(f"term record: {term_path} ({len(cells)} student-lessons merged)")
@@ -524,6 +543,7 @@ def grade_class_on_slurm(base: Path, students: list[Path], lessons: list[int],
                *(["--lesson", str(args.lesson)]
                                                  if args.lesson else []),
                *(f"--only={names}" for names in args.only),  # the same slices as here
+               *([f"--exercise={args.exercise}"] if args.exercise else []),
                *(["--allow-unisolated"] if args.allow_unisolated else [])]
     print("$ " + " ".join(command), flush=True)
     started = time.perf_counter()
@@ -563,6 +583,14 @@ def cmd_class(args) -> int:
                   file=sys.stderr)
             return 2
         students = [s for s in students if s.name in wanted]
+    if args.exercise:
+        exercise_lesson = registered_exercises().get(args.exercise)
+        if exercise_lesson is None or args.lesson not in (None, exercise_lesson):
+            where = f"lesson {args.lesson}'s" if args.lesson else "any lesson's"
+            print(f"error: EXERCISE={args.exercise}: not one of {where} exercises (each "
+                  "lesson.toml's [exercises] lists them)", file=sys.stderr)
+            return 2
+        args.lesson = exercise_lesson
     lessons = [args.lesson] if args.lesson else graded_lessons()
     grading_targets(args.lesson)  # a lesson without grading tests: one line, before any work
     if args.slice:  # one task of a SLURM array: its share of the class, for the merge
@@ -578,7 +606,8 @@ def cmd_class(args) -> int:
     else:
         results = grade_students(students, lessons, args)
     write_class_results(results, lessons, Path(args.csv), args.term, Path(args.out),
-                        args.roster, args.policy, args.gradebook, args.anonymous)
+                        args.roster, args.policy, args.gradebook, args.anonymous,
+                        args.exercise)
     return 0
 
 
@@ -616,6 +645,9 @@ def main(argv: list[str] | None = None) -> int:
     klass.add_argument("--only", action="append", default=[], metavar="STUDENT",
                        help="grade only this student's folder (again: merged into the term "
                             "record); repeat it, or give several separated by commas")
+    klass.add_argument("--exercise", default=None, metavar="EXERCISE",
+                       help="grade only this exercise (l1_identity): its cells of the term "
+                            "record are replaced, the lesson's others kept")
     klass.add_argument("--term", default=None,
                        help="the term record to merge into (default: term.json beside --csv, "
                             "build/grades/term.json)")

@@ -364,7 +364,8 @@ def test_a_student_frame_stays_in_the_feedback():
 @pytest.mark.timeout(300)
 @pytest.mark.skipif(not (ROOT / "solutions").is_dir(),
                     reason="this copy of the course has no solutions/")
-def test_a_class_graded_then_one_student_regraded_merges_into_the_term(tmp_path):
+def test_a_class_graded_then_one_student_and_one_exercise_regraded_merge_into_the_term(
+        tmp_path):
     klass, grades = tmp_path / "class", tmp_path / "grades"
     for student, source in (("ann", ROOT / "solutions"), ("ben", ROOT / "lessons")):
         (klass / student / "lesson1").mkdir(parents=True)
@@ -428,6 +429,30 @@ def test_a_class_graded_then_one_student_regraded_merges_into_the_term(tmp_path)
     book = {r["student_id"]: r for r in csv.DictReader((grades / "gradebook.csv").open())}
     assert (book["s2"]["lesson1"], book["s2"]["percentage"]) == ("5", "25")
     assert "late" in (grades / "class" / "ben" / "lesson1" / "feedback.md").read_text()
+
+    # ann's l1_identity breaks (the rank read from LOCAL_RANK: 1 of 6); that exercise alone is
+    # re-graded: its cell replaced with the time it was graded, her other cells and ben's kept
+    wrong = ROOT / "tests" / "project" / "wrong_submissions" / "lesson1"
+    (klass / "ann" / "lesson1" / "exercises.py").write_text(  # the mistake over the reference
+        (ROOT / "solutions" / "lesson1" / "exercises.py").read_text() + "\n\n"
+        + (wrong / "identity_rank_from_local_rank.py").read_text())
+    os.utime(klass / "ann" / "lesson1" / "exercises.py", (on_time, on_time))
+    said, third = grade_class("--only", "ann", "--exercise", "l1_identity")
+    ann, ann_before = (record["students"]["ann"]["lessons"]["1"] for record in (third, second))
+    assert (ann["l1_identity"]["earned"], ann["l1_identity"]["possible"]) == (1, 6), ann
+    assert ann["l1_identity"]["graded_at"] > ann_before["l1_identity"]["graded_at"]
+    assert {e: c for e, c in ann.items() if e != "l1_identity"} == {
+        e: c for e, c in ann_before.items() if e != "l1_identity"}
+    assert third["students"]["ben"] == second["students"]["ben"]
+    rows = {r["student"]: r for r in csv.DictReader((grades / "class.csv").open())}
+    assert (rows["ann"]["total"], rows["ann"]["l1_identity"]) == ("15", "1"), rows["ann"]
+    feedback = (grades / "class" / "ann" / "lesson1" / "feedback.md").read_text()
+    assert "## l1_identity: 1 of 6 points" in feedback  # the new result, with what it said
+    assert "## l1_global_rank: 4 of 4 points" in feedback  # the others, as last graded
+    refused = run([PYTHON, "-m", "ddpcourse.course.grading", "class", str(klass), "--exercise",
+                   "l3_ddp_step", "--lesson", "1", "--csv", str(grades / "class.csv")], timeout=60)
+    assert refused.returncode == 2 and refused.stderr.strip().count("\n") == 0, refused.stderr
+    assert "EXERCISE=l3_ddp_step: not one of lesson 1's exercises" in refused.stderr
 
 
 def test_every_exercise_sends_its_feedback_to_a_section_that_exists():
