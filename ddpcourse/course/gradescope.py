@@ -263,8 +263,10 @@ def main(argv: list[str] | None = None) -> int:
         seed = os.environ.get("COURSE_HIDDEN_SEED", "").strip() or secrets.token_hex(8)
         path = build(args.release, args.zip, args.lesson, seed)
         print(f"Gradescope autograder written to {path}: upload it as the assignment's "
-              f"autograder (zip). Hidden cases: seed {seed}, in the zip (give it as "
-              "COURSE_HIDDEN_SEED to build the same again)")
+              f"autograder (zip), and in its Autograder Settings give it at least 3 GB of "
+              f"memory and 2 CPUs (tests/grading/README.md lists each lesson's peak). "
+              f"Hidden cases: seed {seed}, in the zip (give it as COURSE_HIDDEN_SEED "
+              "to build the same again)")
     else:
         grade(args.root.resolve(), args.lesson)
     return 0
