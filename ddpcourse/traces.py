@@ -71,7 +71,8 @@ def flight_recorder() -> list[dict]:
     """The collectives this process started that torch's flight recorder kept, oldest first,
     one dict each as torch records it: "profiling_name" ("gloo:all_reduce"),
     "collective_seq_id", "input_sizes" and more. It keeps the last TORCH_FR_BUFFER_SIZE of
-    them, a variable read when the first process group is created (unset: none)."""
+    them, a variable read when the first process group is created (unset: torch keeps a
+    default number; 3 all-reduces of one gloo process were all kept, torch 2.14.1)."""
     import pickle
 
     # Private: torch 2.14 has no public reader of this process's own flight recorder. The

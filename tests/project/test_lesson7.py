@@ -13,6 +13,7 @@ uses, so the test session's job cache runs each once for both.
 
 import json
 import re
+import shutil
 
 import pytest
 from util import PYTHON, ROOT, run, summary
@@ -276,6 +277,27 @@ def test_no_sync_equals_the_big_batch_and_sends_k_times_less():
     assert rows["no_sync"]["values sent/step"] == rows["big batch"]["values sent/step"]
     assert "check: no_sync sends 4 times less than every pass (K = 4" in out
     assert "equivalent=yes" in out
+
+
+# --- torch.compile and DDP -----------------------------------------------------------------
+
+NO_CXX = None if shutil.which("g++") else "no C++ compiler (g++): inductor cannot compile"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(NO_CXX is not None, reason=f"torch.compile on the CPU: {NO_CXX}")
+def test_compiled_ddp_trains_the_eager_weights_and_buckets_cut_the_graph():
+    out = job("experiments/lesson7_compile.py", ["--bucket-caps", "25,1,0.5", "--steps", "3"],
+              2)
+    rows = {(row["way"], row["bucket_cap_mb"]): row for row in table(out, "way ")}
+    inside = "model.compile() inside DDP"
+    for key in (("torch.compile(DDP(model))", "25"), (inside, "25"), (inside, "1")):
+        assert float(rows[key]["max |diff|"]) < 1e-5, rows[key]
+    # DDP's buckets cut the compiled model: smaller buckets, more graphs
+    assert 1 <= int(rows[(inside, "25")]["graphs"]) < int(rows[(inside, "1")]["graphs"]), rows
+    assert rows[(inside, "0.5")]["max |diff|"].startswith("refused: First bucket should be")
+    assert "equivalent=yes" in out and "refused=1" in out
 
 
 # --- SyncBatchNorm on the CPU -------------------------------------------------------------
