@@ -203,7 +203,11 @@ NO_SLURM = slurm.unavailable_reason()
 @pytest.mark.slow
 @pytest.mark.cluster
 @pytest.mark.timeout(300)
-def test_a_slurm_array_grades_slices_of_the_class_and_a_lost_task_is_not_graded(tmp_path):
+@pytest.mark.parametrize("as_root", [True, False], ids=["as root", "as a user"])
+def test_a_slurm_array_grades_slices_of_the_class_and_a_lost_task_is_not_graded(tmp_path,
+                                                                                as_root):
+    """As a user: the grader takes its unprivileged path (COURSE_SANDBOX_NO_ROOT=1, as where
+    SLURM runs jobs under the instructor's own account) and isolates with user namespaces."""
     klass, out, out_csv = tmp_path / "class", tmp_path / "runs", tmp_path / "class.csv"
     for student, source in (("ann", "solutions"), ("ben", "lessons"), ("cat", "solutions"),
                             ("dan", "solutions")):
@@ -214,7 +218,8 @@ def test_a_slurm_array_grades_slices_of_the_class_and_a_lost_task_is_not_graded(
                "--slurm", "--tasks", "3", "--out", str(out), "--csv", str(out_csv)]
     cancelled = None
     with slurm.Cluster(1) as cluster:  # submitted from host 0, as from a login node
-        grader = subprocess.Popen(cluster.hosts.command(0, command), env=cluster.env(),
+        env = dict(cluster.env(), **({} if as_root else {"COURSE_SANDBOX_NO_ROOT": "1"}))
+        grader = subprocess.Popen(cluster.hosts.command(0, command), env=env,
                                   cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                   text=True)
         while grader.poll() is None and cancelled is None:  # task 1 lost, as to a dead node
@@ -255,3 +260,5 @@ def test_a_slurm_array_grades_slices_of_the_class_and_a_lost_task_is_not_graded(
         said_by_task = (out / "slurm" / f"task-{task}.out").read_text()
         assert re.search(r"^grading \d+ submission\(s\), 2 at once$", said_by_task, re.M), \
             said_by_task[-2000:]
+        isolated = "isolation: full (root)" if as_root else "isolation: user namespaces"
+        assert isolated in said_by_task, said_by_task[-2000:]

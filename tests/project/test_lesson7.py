@@ -291,13 +291,16 @@ def test_compiled_ddp_trains_the_eager_weights_and_buckets_cut_the_graph():
     out = job("experiments/lesson7_compile.py", ["--bucket-caps", "25,1,0.5", "--steps", "3"],
               2)
     rows = {(row["way"], row["bucket_cap_mb"]): row for row in table(out, "way ")}
-    inside = "model.compile() inside DDP"
-    for key in (("torch.compile(DDP(model))", "25"), (inside, "25"), (inside, "1")):
-        assert float(rows[key]["max |diff|"]) < 1e-5, rows[key]
-    # DDP's buckets cut the compiled model: smaller buckets, more graphs
-    assert 1 <= int(rows[(inside, "25")]["graphs"]) < int(rows[(inside, "1")]["graphs"]), rows
-    assert rows[(inside, "0.5")]["max |diff|"].startswith("refused: First bucket should be")
-    assert "equivalent=yes" in out and "refused=1" in out
+    for way in ("torch.compile(DDP(model))", "ddp.module.compile()"):
+        for cap in ("25", "1"):
+            assert float(rows[(way, cap)]["max |diff|"]) < 1e-5, rows[(way, cap)]
+        # DDP's buckets cut the compiled model: smaller buckets, more graphs
+        assert 1 <= int(rows[(way, "25")]["graphs"]) < int(rows[(way, "1")]["graphs"]), rows
+        assert rows[(way, "0.5")]["max |diff|"].startswith("refused: First bucket should be")
+    # the wrapper around a bare nn.Sequential: nothing handed to the compiler, eager weights
+    bare = rows[("torch.compile(DDP(nn.Sequential))", "25")]
+    assert (bare["graphs"], float(bare["max |diff|"])) == ("0", 0.0), bare
+    assert "equivalent=yes" in out and "refused=2" in out
 
 
 # --- SyncBatchNorm on the CPU -------------------------------------------------------------
