@@ -118,7 +118,7 @@ def test_a_student_not_graded_has_empty_cells_and_a_reason(monkeypatch, tmp_path
     ann_tests = {"t1": {"exercise": "l1_identity", "points": 3.0, "outcome": "passed"},
                  "t2": {"exercise": "l1_global_rank", "points": 2.0, "outcome": "failed"}}
 
-    def graded(lesson, students, out, timeout, workers):
+    def graded(lesson, students, out, timeout, workers, exercise=None):
         return {students[0]: (ann_tests, ""), students[1]: ({}, "job lesson1_W4 stopped")}
 
     monkeypatch.setattr(grading, "grade_lesson_of_class", graded)

@@ -120,7 +120,7 @@ def test_grade_class_merges_runs_into_one_term_record(monkeypatch, tmp_path):
     runs = iter([{"ann": ["test_node_groups"], "bob": ["test_layout_one_gpu_per_process"]},
                  {"bob": []}])
 
-    def graded(lesson, students, out, timeout, workers):
+    def graded(lesson, students, out, timeout, workers, exercise=None):
         failing = next(runs)
         assert sorted(s.name for s in students) == sorted(failing)
         return {s: (fake_run(out / s.name / "lesson1", failing[s.name]), "") for s in students}
